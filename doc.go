@@ -1,0 +1,2 @@
+// Package runstate gives agent programs durable, restartable run state.
+package runstate

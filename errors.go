@@ -1,0 +1,177 @@
+package runstate
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Test for them with errors.Is: the errors returned by this
+// package wrap them with the file, line or stage they concern.
+var (
+	// ErrDone is returned by Begin when the stage is complete (or skipped)
+	// and its evidence still holds: the caller should not run it again.
+	ErrDone = errors.New("runstate: stage already complete")
+
+	// ErrBusy is returned by Begin when the stage is running in a session
+	// that is still alive (this one or another process).
+	ErrBusy = errors.New("runstate: stage is running in a live session")
+
+	// ErrClosed is returned by every method of a Run after Close, and by
+	// the methods of a Stage whose attempt already ended.
+	ErrClosed = errors.New("runstate: run is closed")
+
+	// ErrCorrupt is wrapped by *CorruptError: the ledger has a bad line, a
+	// gap in seq or a broken hash chain before its last line. Nothing is
+	// written to a corrupt run.
+	ErrCorrupt = errors.New("runstate: ledger is corrupt")
+
+	// ErrVersion means the run directory was written in a format version
+	// this package does not read. It is never reported as corruption.
+	ErrVersion = errors.New("runstate: unsupported format version")
+
+	// ErrMismatch means Open was given a Request different from the one
+	// the run was created for.
+	ErrMismatch = errors.New("runstate: run identity mismatch")
+
+	// ErrUnconfirmed means an external side effect may or may not have
+	// happened and nothing could confirm it: a person must decide, then
+	// call Resolve.
+	ErrUnconfirmed = errors.New("runstate: side effect unconfirmed")
+
+	// ErrNeedsPerson is returned by Begin when the stage awaits a person
+	// (a review, a failure classed NeedsPerson, or retries exhausted).
+	// Approve clears it.
+	ErrNeedsPerson = errors.New("runstate: stage needs a person")
+
+	// ErrFatal is returned by Begin when the stage's last attempt failed
+	// with a Fatal error. Invalidate clears it.
+	ErrFatal = errors.New("runstate: stage failed fatally")
+
+	// ErrTransition is returned by Begin when the run's Flow does not allow
+	// the stage to start after the last stage that ran.
+	ErrTransition = errors.New("runstate: transition not allowed")
+
+	// ErrNotReady is returned by Begin when an After input names a stage
+	// that is not complete.
+	ErrNotReady = errors.New("runstate: stage depends on a stage that is not complete")
+
+	// ErrStale is returned by Complete when an input changed while the
+	// stage ran. The stage is invalidated, not complete; run it again.
+	ErrStale = errors.New("runstate: evidence changed while the stage ran")
+
+	// ErrReadOnly is returned after a write to the ledger failed in a way
+	// that cannot be retried safely (a failed fsync): the Run keeps the
+	// first such error and refuses every later write. Open the run again
+	// in a new process to continue.
+	ErrReadOnly = errors.New("runstate: run is read-only after a failed write")
+
+	// ErrPending may be returned by an Effect's Do when the receiving system
+	// accepted the request but has not confirmed it yet. The effect stays
+	// unconfirmed until a later Check finds it.
+	ErrPending = errors.New("runstate: side effect accepted, not yet confirmed")
+
+	// ErrInvalid is wrapped by errors about bad arguments: an empty stage
+	// name, a path that escapes the run directory, an unknown stage.
+	ErrInvalid = errors.New("runstate: invalid argument")
+)
+
+// CorruptError reports damage in the ledger, or in a projection that had to
+// be rebuilt from it, with the position of the first bad byte.
+// It wraps ErrCorrupt.
+type CorruptError struct {
+	Path   string // file, as passed to Open joined with its name in the run
+	Line   int    // 1-based line number; 0 when not known
+	Offset int64  // byte offset of the start of that line
+	Err    error  // what is wrong
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("runstate: %s line %d (byte %d): %v; run 'runstate verify DIR' for every problem, 'runstate repair' only cuts a torn tail",
+		e.Path, e.Line, e.Offset, e.Err)
+}
+
+// Unwrap returns ErrCorrupt and the underlying cause, so errors.Is works for
+// both.
+func (e *CorruptError) Unwrap() []error { return []error{ErrCorrupt, e.Err} }
+
+// WriteError reports that appending to the ledger failed (a full disk, a
+// short write, an I/O error). Records that were not acknowledged were cut
+// back; nothing acknowledged before is lost. When Sticky is true (a failed
+// fsync) the Run refuses every later write with ErrReadOnly.
+type WriteError struct {
+	Path   string
+	Op     string // "write", "sync", "truncate"
+	Sticky bool
+	Err    error
+}
+
+func (e *WriteError) Error() string {
+	s := fmt.Sprintf("runstate: %s %s: %v", e.Op, e.Path, e.Err)
+	if e.Sticky {
+		s += "; the run is read-only now: open it again in a fresh process"
+	}
+	return s
+}
+
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// classed is an error with a restart class attached by Retryable,
+// NeedsPerson or Fatal.
+type classed struct {
+	class  string
+	reason string
+	err    error
+}
+
+func (e *classed) Error() string {
+	if e.err == nil {
+		return e.reason
+	}
+	return e.err.Error()
+}
+func (e *classed) Unwrap() error { return e.err }
+
+// Failure classes, recorded in the class field of a fail record.
+const (
+	ClassRetryable = "retryable"
+	ClassPerson    = "person"
+	ClassFatal     = "fatal"
+)
+
+// Retryable marks err as worth retrying: Begin allows the stage again until
+// Options.MaxAttempts failures, then it awaits a person. An error that
+// carries no class is retryable.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classed{class: ClassRetryable, err: err}
+}
+
+// NeedsPerson marks err as needing a person: the stage awaits Approve, and
+// reason is what the person is asked to do.
+func NeedsPerson(err error, reason string) error {
+	if err == nil {
+		err = errors.New(reason)
+	}
+	return &classed{class: ClassPerson, reason: reason, err: err}
+}
+
+// Fatal marks err as final: Begin refuses the stage with ErrFatal until an
+// operator invalidates it.
+func Fatal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classed{class: ClassFatal, err: err}
+}
+
+// classOf returns the restart class of err and the reason a person is
+// asked for, if any.
+func classOf(err error) (class, reason string) {
+	var c *classed
+	if errors.As(err, &c) {
+		return c.class, c.reason
+	}
+	return ClassRetryable, ""
+}

@@ -1,0 +1,113 @@
+package runstate
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// fileSystem is the seam between runstate and the operating system for the
+// files runstate owns (the ledger, the projections, the temp files). Tests
+// replace it to inject faults (a full disk, a failed fsync, power loss); the
+// default is osFS. Locks are not part of it: they go through gofrs/flock.
+type fileSystem interface {
+	OpenFile(name string, flag int, perm fs.FileMode) (file, error)
+	Rename(oldpath, newpath string) error
+	Remove(name string) error
+	MkdirAll(path string, perm fs.FileMode) error
+	Stat(name string) (fs.FileInfo, error)
+	ReadDir(name string) ([]fs.DirEntry, error)
+	// SyncDir makes the directory's entries durable (a no-op on Windows).
+	SyncDir(dir string) error
+}
+
+// file is the part of *os.File that runstate uses.
+type file interface {
+	io.Reader
+	io.ReaderAt
+	io.Writer
+	io.Closer
+	Sync() error
+	Truncate(size int64) error
+	Stat() (fs.FileInfo, error)
+}
+
+type osFS struct{}
+
+func (osFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
+	f, err := os.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err // a nil *os.File must not become a non-nil file
+	}
+	return f, nil
+}
+func (osFS) Rename(oldpath, newpath string) error         { return rename(oldpath, newpath) }
+func (osFS) Remove(name string) error                     { return os.Remove(name) }
+func (osFS) MkdirAll(path string, perm fs.FileMode) error { return os.MkdirAll(path, perm) }
+func (osFS) Stat(name string) (fs.FileInfo, error)        { return os.Stat(name) }
+func (osFS) ReadDir(name string) ([]fs.DirEntry, error)   { return os.ReadDir(name) }
+func (osFS) SyncDir(dir string) error                     { return syncDir(dir) }
+
+func readFile(fsys fileSystem, name string) ([]byte, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// tmpDir holds every temp file runstate creates. Temp files live in
+// logs/tmp/ and are named <session>-<random>, so the next Open can
+// remove those whose session is gone.
+const tmpDir = "logs/tmp"
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// writeAtomic replaces path with data: a temp file created with O_EXCL in
+// tmp (same file system), written, optionally synced, closed and renamed
+// over path. With sync, the directory is synced too, so the new name is
+// durable when writeAtomic returns. A failure leaves path as it was and no
+// temp file behind.
+func writeAtomic(fsys fileSystem, tmp, session, path string, data []byte, sync bool) (err error) {
+	name := filepath.Join(tmp, session+"-"+randomHex(8))
+	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			fsys.Remove(name)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if sync {
+		if err = f.Sync(); err != nil {
+			return err
+		}
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = fsys.Rename(name, path); err != nil {
+		return err
+	}
+	if sync {
+		return fsys.SyncDir(filepath.Dir(path))
+	}
+	return nil
+}
+
+// isNotExist reports whether err says a file does not exist.
+func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

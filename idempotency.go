@@ -1,0 +1,266 @@
+package runstate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode"
+)
+
+// Effect is an external side effect that must happen once: a ticket filed,
+// a message sent, a payment made. Run.Effect records an intent durably
+// before calling Do and the receipt after, so that no session sends it
+// twice.
+type Effect struct {
+	// Request is the payload, recorded with the intent (optional). The
+	// same key with a different Request is refused with ErrMismatch, as
+	// Stripe refuses a reused idempotency key with other parameters.
+	Request any
+
+	// Do performs the effect. key is the full key, "<run-id>:<key>": hand
+	// it to the receiving system as its idempotency key. Do returns the
+	// receipt to record (any JSON, or nil), or ErrPending when the system
+	// accepted the request without confirming it.
+	Do func(ctx context.Context, key string) (json.RawMessage, error)
+
+	// Check asks the receiving system whether the effect with this key
+	// happened, and for its receipt. It is called when an earlier attempt
+	// ended without a confirmation (the session died, Do failed, or Do
+	// returned ErrPending). Optional: without it such an effect is
+	// unconfirmed and a person must Resolve it.
+	Check func(ctx context.Context, key string) (receipt json.RawMessage, found bool, err error)
+}
+
+// Resolution is a person's decision on an unconfirmed side effect.
+type Resolution struct {
+	Sent    bool            // true: it happened (with Receipt); false: it did not, and may be sent again
+	Receipt json.RawMessage // for Sent; nil is recorded as null
+	By      string          // who decided (required)
+	Note    string
+}
+
+// Effect performs the side effect e once for key across every session of
+// the run, and returns its receipt.
+//
+// A key already confirmed returns the stored receipt without calling Do.
+// Otherwise Effect appends an intent record and fsyncs it before calling
+// Do, then appends the confirmation with the receipt, durably, before it
+// returns. If a session died between the two, the key is ambiguous: Check
+// asks the receiving system; found → confirmed; not found → Do again with
+// the same key; no Check, or Check failed → the effect is recorded as
+// unconfirmed and Effect returns ErrUnconfirmed: a person must decide, with
+// Resolve. A failed Do is treated the same way (it may have landed).
+//
+// Effect is safe for concurrent use by goroutines and processes: one key is
+// attempted by one session at a time; others get ErrBusy meanwhile.
+func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if e.Do == nil {
+		return nil, fmt.Errorf("%w: effect %s has no Do", ErrInvalid, key)
+	}
+	var payload json.RawMessage
+	var phash string
+	if e.Request != nil {
+		data, err := json.Marshal(e.Request)
+		if err != nil {
+			return nil, fmt.Errorf("%w: effect %s request: %v", ErrInvalid, key, err)
+		}
+		payload, phash = data, fingerprint(data)
+	}
+	full := r.ID() + ":" + key
+
+	for tries := 0; tries < 10; tries++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// Decide under the lock: stored receipt, an attempt elsewhere,
+		// an ambiguous outcome to check, or a fresh intent to send.
+		var (
+			receipt json.RawMessage
+			stored  bool
+			check   bool // ambiguous: ask Check
+			seen    int64
+			pending bool
+		)
+		_, err := r.commit(true, func(s *state) ([]*Record, error) {
+			cur := s.effects[key]
+			if cur != nil && phash != "" && cur.Payload != "" && cur.Payload != phash {
+				return nil, fmt.Errorf("%w: effect %s was recorded with another request (%.19s, now %.19s): use a new key for a new request",
+					ErrMismatch, key, cur.Payload, phash)
+			}
+			state := ""
+			if cur != nil {
+				state = cur.State
+			}
+			switch state {
+			case EffectConfirmed:
+				receipt, stored = cur.Receipt, true
+				return nil, nil
+			case EffectIntent:
+				if r.alive(cur.Session) {
+					who := "another session (" + cur.Session + ")"
+					if cur.Session == r.session {
+						who = "this session"
+					}
+					return nil, fmt.Errorf("%w: effect %s is being attempted by %s", ErrBusy, key, who)
+				}
+				check, seen = true, cur.Seq
+				return nil, nil
+			case EffectUnconfirmed:
+				check, seen, pending = true, cur.Seq, cur.Pending
+				return nil, nil
+			}
+			return []*Record{{Ev: evIntent, Key: key, Data: payload, Reason: phash}}, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if stored {
+			r.mu.Lock()
+			r.deduped++
+			r.mu.Unlock()
+			return receipt, nil
+		}
+		if check {
+			again, rec, err := r.checkEffect(ctx, key, full, e, seen, pending, payload, phash)
+			if err != nil || !again {
+				return rec, err
+			}
+			// Not found, and this session now holds a fresh intent.
+		}
+		return r.doEffect(ctx, key, full, e)
+	}
+	return nil, fmt.Errorf("runstate: effect %s: the ledger kept changing under it; try again", key)
+}
+
+// checkEffect settles an ambiguous effect with Check. It returns again=true
+// when the effect was not found and this session recorded a new intent, so
+// the caller should Do it.
+func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen int64, pending bool, payload json.RawMessage, phash string) (again bool, receipt json.RawMessage, err error) {
+	var found bool
+	var cerr error
+	if e.Check == nil {
+		cerr = errors.New("no Check to ask the receiving system")
+	} else {
+		receipt, found, cerr = e.Check(ctx, full)
+	}
+	var outErr error
+	_, err = r.commit(true, func(s *state) ([]*Record, error) {
+		cur := s.effects[key]
+		if cur == nil || cur.Seq != seen {
+			return nil, errRecheck // someone else settled it meanwhile
+		}
+		switch {
+		case cerr != nil:
+			msg := fmt.Sprintf("outcome unknown: %v", cerr)
+			if cur.State == EffectUnconfirmed && cur.Error == msg {
+				outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
+				return nil, nil
+			}
+			outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
+			return []*Record{{Ev: evUnconfirmed, Key: key, Error: msg}}, nil
+		case found:
+			return []*Record{{Ev: evConfirm, Key: key, Data: orNull(receipt), Note: checkedNote}}, nil
+		case pending:
+			outErr = fmt.Errorf("%w: effect %s: accepted, not confirmed yet: %w", ErrUnconfirmed, key, ErrPending)
+			return nil, nil
+		default:
+			again = true
+			return []*Record{{Ev: evIntent, Key: key, Data: payload, Reason: phash}}, nil
+		}
+	})
+	if errors.Is(err, errRecheck) {
+		// Another session settled it: start over.
+		return false, nil, fmt.Errorf("%w: effect %s was settled by another session meanwhile; call Effect again", ErrBusy, key)
+	}
+	if err != nil {
+		return false, nil, err
+	}
+	if outErr != nil {
+		return false, nil, outErr
+	}
+	if found {
+		return false, receipt, nil
+	}
+	return again, nil, nil
+}
+
+// doEffect calls Do for an intent this session recorded, then records the
+// outcome.
+func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.RawMessage, error) {
+	receipt, derr := e.Do(ctx, full)
+	var rec *Record
+	switch {
+	case derr == nil:
+		rec = &Record{Ev: evConfirm, Key: key, Data: orNull(receipt)}
+	case errors.Is(derr, ErrPending):
+		rec = &Record{Ev: evUnconfirmed, Key: key, Error: derr.Error(), Reason: pendingReason}
+	default:
+		rec = &Record{Ev: evUnconfirmed, Key: key, Error: "Do failed, it may have landed: " + derr.Error()}
+	}
+	if _, err := r.commit(true, func(*state) ([]*Record, error) { return []*Record{rec}, nil }); err != nil {
+		return nil, errors.Join(derr, err)
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("%w: effect %s: %w", ErrUnconfirmed, key, derr)
+	}
+	return orNull(receipt), nil
+}
+
+// pendingReason marks an unconfirmed record written for ErrPending.
+const pendingReason = "pending"
+
+func orNull(m json.RawMessage) json.RawMessage {
+	if len(m) == 0 {
+		return json.RawMessage("null")
+	}
+	return m
+}
+
+// Resolve records a person's decision on an effect whose outcome is unknown
+// (unconfirmed, or an intent whose session died): sent, with its receipt,
+// or not sent, so that the next Effect call sends it. When Resolve returns
+// nil the record is durable. Safe for concurrent use.
+func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if res.By == "" {
+		return fmt.Errorf("%w: Resolve needs the name of the person who decided", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		cur := s.effects[key]
+		if cur == nil {
+			return nil, fmt.Errorf("%w: effect %s is unknown to the run", ErrInvalid, key)
+		}
+		switch {
+		case cur.State == EffectUnconfirmed:
+		case cur.State == EffectIntent && !r.alive(cur.Session):
+		default:
+			return nil, fmt.Errorf("%w: effect %s is %s, not unconfirmed", ErrInvalid, key, cur.State)
+		}
+		if res.Sent {
+			return []*Record{{Ev: evConfirm, Key: key, Data: orNull(res.Receipt), By: res.By, Note: res.Note}}, nil
+		}
+		return []*Record{{Ev: evResolve, Key: key, By: res.By, Note: res.Note}}, nil
+	})
+	return err
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty effect key", ErrInvalid)
+	}
+	for _, c := range key {
+		if unicode.IsControl(c) {
+			return fmt.Errorf("%w: effect key %q has a control character", ErrInvalid, key)
+		}
+	}
+	return nil
+}

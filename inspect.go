@@ -1,0 +1,200 @@
+package runstate
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Inspect reads the run in dir as it stands, from any process, while
+// writers are active: it takes no lock and writes nothing. It resumes from
+// manifest.json when that is a valid snapshot and reads the ledger records
+// after it. A torn last line (a writer dying, or one still mid-write) is
+// ignored and reported in Status.Torn. Inspect fails with a *CorruptError
+// for a damaged ledger and ErrVersion for an unknown format.
+func Inspect(dir string) (*Status, error) {
+	st, torn, err := readOnly(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := st.status(dir)
+	s.Torn = torn
+	return s, nil
+}
+
+// readOnly loads the state of dir without a lock or a write.
+func readOnly(dir string) (*state, int64, error) {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	f, err := os.Open(lp)
+	if err != nil {
+		if isNotExist(err) {
+			if _, derr := os.Stat(dir); derr != nil {
+				return nil, 0, fmt.Errorf("runstate: %s: %w", dir, derr)
+			}
+			return nil, 0, fmt.Errorf("runstate: %s is not a run directory: %s does not exist", dir, lp)
+		}
+		return nil, 0, fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	defer f.Close()
+	st, _, err := loadState(osFS{}, dir, f)
+	if err != nil {
+		return nil, 0, err
+	}
+	if st.pos.seq == 0 {
+		return nil, 0, fmt.Errorf("runstate: %s is empty: the run was never created", lp)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	return st, fi.Size() - st.pos.offset, nil
+}
+
+// ReadLedger calls fn for each record of the ledger in dir, in order,
+// checking the whole hash chain as it goes. A torn last line is not passed
+// to fn. It takes no lock and writes nothing; fn may stop the read by
+// returning an error, which ReadLedger returns.
+func ReadLedger(dir string, fn func(*Record) error) error {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	f, err := os.Open(lp)
+	if err != nil {
+		return fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	defer f.Close()
+	var c chain
+	_, err = replay(f, lp, &c, func(rec *Record, _ []byte) error { return fn(rec) })
+	return err
+}
+
+// Problem is one thing Verify found wrong.
+type Problem struct {
+	File   string `json:"file"`             // path of the file concerned
+	Line   int    `json:"line,omitempty"`   // ledger line, when it is one
+	Offset int64  `json:"offset,omitempty"` // byte offset of that line
+	What   string `json:"what"`
+	Fix    string `json:"fix,omitempty"` // what to do about it
+}
+
+func (p Problem) String() string {
+	s := p.File
+	if p.Line > 0 {
+		s += fmt.Sprintf(" line %d (byte %d)", p.Line, p.Offset)
+	}
+	s += ": " + p.What
+	if p.Fix != "" {
+		s += "; " + p.Fix
+	}
+	return s
+}
+
+// Report is the result of Verify.
+type Report struct {
+	Dir      string    `json:"dir"`
+	Records  int64     `json:"records"` // records that passed the check
+	Bytes    int64     `json:"bytes"`   // ledger bytes that passed the check
+	Problems []Problem `json:"problems"`
+}
+
+// OK reports whether Verify found nothing wrong.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+// Verify checks the whole run in dir without a snapshot, the way SQLite's
+// PRAGMA integrity_check does: every ledger line (seq, hash chain, a torn
+// tail), every artifact against its recorded hash, and whether
+// manifest.json and logs/next-steps.txt reflect the ledger. It takes no
+// lock and writes nothing. The error is non-nil only when dir cannot be
+// read at all; what is wrong is in Report.Problems.
+func Verify(dir string) (*Report, error) {
+	rep := &Report{Dir: dir, Problems: []Problem{}}
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	f, err := os.Open(lp)
+	if err != nil {
+		return nil, fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	defer f.Close()
+	st := newState()
+	torn, err := replay(f, lp, &st.pos, func(rec *Record, line []byte) error {
+		st.apply(rec)
+		st.lastLen = int64(len(line) + 1)
+		return nil
+	})
+	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
+	var ce *CorruptError
+	switch {
+	case errors.As(err, &ce):
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
+			Fix: fmt.Sprintf("the ledger is damaged from here on: restore it from a backup, or cut it with 'runstate repair -truncate-at %d DIR' (a backup is kept)", ce.Line)})
+		return rep, nil
+	case err != nil:
+		return nil, err
+	}
+	if torn >= 0 {
+		fi, _ := f.Stat()
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(st.pos.seq + 1), Offset: torn,
+			What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", fi.Size()-torn),
+			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
+	}
+	if st.pos.seq == 0 {
+		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created"})
+		return rep, nil
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	r := &Run{root: root}
+	for _, a := range st.artifacts() {
+		if why := r.checkOutputs([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
+			rep.Problems = append(rep.Problems, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
+				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
+				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})
+		}
+	}
+	mp := filepath.Join(dir, manifestFile)
+	if data, err := os.ReadFile(mp); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if _, pos, err := decodeManifest(data); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if pos.End != st.pos.offset || pos.Hash != st.pos.hash {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("behind the ledger (reflects the record ending at byte %d, the ledger ends at %d)", pos.End, st.pos.offset),
+			Fix: "normal while a session runs; otherwise the next Open or 'runstate repair DIR' rebuilds it"})
+	}
+	np := filepath.Join(dir, filepath.FromSlash(nextStepsFile))
+	if seq, err := nextStepsSeq(np); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if seq != st.pos.seq {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("reflects seq %d, the ledger is at seq %d", seq, st.pos.seq),
+			Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	}
+	return rep, nil
+}
+
+// nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its
+// first line.
+func nextStepsSeq(p string) (int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, fmt.Errorf("unreadable: %v", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(io.LimitReader(f, 4096)).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("no first line: %v", err)
+	}
+	_, after, ok := strings.Cut(line, "as of ledger seq ")
+	if !ok {
+		return 0, errors.New("first line does not name a ledger seq")
+	}
+	num, _, _ := strings.Cut(after, " ")
+	seq, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("first line names a bad seq %q", num)
+	}
+	return seq, nil
+}

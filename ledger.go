@@ -1,0 +1,204 @@
+package runstate
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// FormatVersion is the run directory format this package writes and reads.
+const FormatVersion = 1
+
+// maxLine caps the length of one ledger line, as raft-wal caps an entry:
+// a longer line is corruption, not a reason to allocate without bound.
+const maxLine = 16 << 20
+
+// Ledger events (the ev field). See the package documentation.
+const (
+	evCreate      = "create"
+	evOpen        = "open"
+	evClose       = "close"
+	evPlan        = "plan"
+	evBegin       = "begin"
+	evComplete    = "complete"
+	evFail        = "fail"
+	evSkip        = "skip"
+	evInterrupted = "interrupted"
+	evInvalidate  = "invalidate"
+	evAwait       = "await"
+	evApprove     = "approve"
+	evIntent      = "intent"
+	evConfirm     = "confirm"
+	evUnconfirmed = "unconfirmed"
+	evResolve     = "resolve"
+)
+
+// Record is one line of logs/ledger.jsonl. Fields that do not apply are
+// omitted. Writers put seq, at and ev first and prev last; readers accept
+// any order and ignore unknown fields.
+type Record struct {
+	Seq     int64             `json:"seq"`
+	At      time.Time         `json:"at"`
+	Ev      string            `json:"ev"`
+	Session string            `json:"session,omitempty"`
+	Stage   string            `json:"stage,omitempty"`
+	Attempt int               `json:"attempt,omitempty"`
+	Inputs  map[string]string `json:"inputs,omitempty"`
+	Outputs []Output          `json:"outputs,omitempty"`
+	Key     string            `json:"key,omitempty"`
+	Class   string            `json:"class,omitempty"`
+	Error   string            `json:"error,omitempty"`
+	Reason  string            `json:"reason,omitempty"`
+	Note    string            `json:"note,omitempty"`
+	By      string            `json:"by,omitempty"`
+	Data    json.RawMessage   `json:"data,omitempty"`
+	Prev    string            `json:"prev"`
+}
+
+// Output is a file a stage produced, relative to the run directory, with
+// the hex SHA-256 and size it had when the stage completed.
+type Output struct {
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// appendRecord encodes r as one ledger line (JSON + '\n') onto buf.
+func appendRecord(buf *bytes.Buffer, r *Record) error {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(r) // Encode writes the trailing '\n'
+}
+
+// lineHash is the chain hash of one ledger line without its '\n'.
+func lineHash(line []byte) string {
+	h := sha256.Sum256(line)
+	return hex.EncodeToString(h[:])
+}
+
+// parseRecord decodes one line (without '\n') and checks the fields every
+// record must have.
+func parseRecord(line []byte) (*Record, error) {
+	var r Record
+	if err := json.Unmarshal(line, &r); err != nil {
+		return nil, fmt.Errorf("not a JSON record: %v", err)
+	}
+	if r.Seq <= 0 {
+		return nil, errors.New("record has no seq")
+	}
+	if r.Ev == "" {
+		return nil, errors.New("record has no ev")
+	}
+	return &r, nil
+}
+
+// chain is the position of a reader or writer in the ledger: the last good
+// record and where it ends.
+type chain struct {
+	seq    int64  // seq of the last record; 0 before the first
+	hash   string // chain hash of the last record's line; "" before the first
+	offset int64  // byte offset just past the last record's '\n'
+}
+
+// replay reads ledger lines from r, which starts at byte offset c.offset,
+// checks each one continues the chain (seq+1, prev = hash of the line
+// before) and calls apply for it. It stops at the end of r.
+//
+// A last line without '\n', or one that does not parse, is a torn write:
+// replay returns its start in tornAt (-1 when there is none) and does not
+// apply it. Any other bad line is corruption: replay returns a
+// *CorruptError naming path, the line and its byte offset, and c stays at
+// the last good record.
+func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) error) (tornAt int64, err error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	var long []byte // a line longer than the buffer, gathered here
+	var bad *CorruptError
+	for {
+		line, rerr := br.ReadSlice('\n')
+		if rerr == bufio.ErrBufferFull {
+			long = append(long, line...)
+			if len(long) > maxLine {
+				return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
+					Err: fmt.Errorf("line longer than %d bytes", maxLine)}
+			}
+			continue
+		}
+		if long != nil {
+			line = append(long, line...)
+			long = nil
+		}
+		if rerr == io.EOF {
+			if bad != nil {
+				return bad.Offset, nil // the bad line was the last one: torn
+			}
+			if len(line) > 0 {
+				return c.offset, nil // no '\n': torn
+			}
+			return -1, nil
+		}
+		if rerr != nil {
+			return -1, fmt.Errorf("runstate: read %s: %w", path, rerr)
+		}
+		if bad != nil {
+			return -1, bad // a bad line with more after it
+		}
+		body := line[:len(line)-1]
+		rec, perr := parseRecord(body)
+		if perr != nil {
+			bad = &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
+			continue
+		}
+		if err := c.check(path, rec); err != nil {
+			return -1, err
+		}
+		if apply != nil {
+			if err := apply(rec, body); err != nil {
+				return -1, err
+			}
+		}
+		c.seq = rec.Seq
+		c.hash = lineHash(body)
+		c.offset += int64(len(line))
+	}
+}
+
+// check verifies that rec continues the chain c.
+func (c *chain) check(path string, rec *Record) error {
+	line := int(c.seq + 1)
+	if rec.Seq != c.seq+1 {
+		what := "seq out of order"
+		if rec.Seq > c.seq+1 {
+			what = fmt.Sprintf("seq gap: %d follows %d (a line was deleted?)", rec.Seq, c.seq)
+		} else {
+			what = fmt.Sprintf("seq %d follows %d (a line was repeated or moved?)", rec.Seq, c.seq)
+		}
+		return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: errors.New(what)}
+	}
+	if rec.Prev != c.hash {
+		what := fmt.Sprintf("prev hash does not match line %d (edited or truncated?)", c.seq)
+		if c.seq == 0 {
+			what = "first record has a prev hash (the file does not start at seq 1)"
+		}
+		return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: errors.New(what)}
+	}
+	if rec.Seq == 1 {
+		if rec.Ev != evCreate {
+			return &CorruptError{Path: path, Line: 1, Offset: 0, Err: fmt.Errorf("first record is %q, want \"create\"", rec.Ev)}
+		}
+		var id runIdentity
+		if err := json.Unmarshal(rec.Data, &id); err != nil {
+			return &CorruptError{Path: path, Line: 1, Offset: 0, Err: fmt.Errorf("create record: %v", err)}
+		}
+		if id.Format != FormatVersion {
+			return fmt.Errorf("%w: %s was written in format %d; this runstate reads format %d: use a runstate release that supports format %d",
+				ErrVersion, path, id.Format, FormatVersion, id.Format)
+		}
+	}
+	return nil
+}

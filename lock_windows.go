@@ -1,0 +1,42 @@
+//go:build windows
+
+package runstate
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"time"
+)
+
+// syncDir is a no-op on Windows: NTFS makes a rename durable with the file's
+// metadata, and a directory cannot be opened for FlushFileBuffers.
+func syncDir(dir string) error { return nil }
+
+const (
+	errorAccessDenied     syscall.Errno = 5
+	errorSharingViolation syscall.Errno = 32
+)
+
+// rename retries os.Rename for a short while when another process (a reader,
+// a virus scanner, the search indexer) holds the target open, as cmd/go's
+// robustio does: MoveFileEx fails with ACCESS_DENIED or SHARING_VIOLATION
+// until that handle is closed.
+func rename(oldpath, newpath string) error {
+	deadline := time.Now().Add(2 * time.Second)
+	delay := time.Millisecond
+	for {
+		err := os.Rename(oldpath, newpath)
+		if err == nil {
+			return nil
+		}
+		var errno syscall.Errno
+		if !errors.As(err, &errno) || (errno != errorAccessDenied && errno != errorSharingViolation) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(delay)
+		if delay < 100*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

@@ -1,0 +1,752 @@
+package runstate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofrs/flock"
+	"github.com/google/uuid"
+)
+
+// Paths inside a run directory.
+const (
+	ledgerFile  = "logs/ledger.jsonl"
+	lockFile    = "logs/ledger.lock"
+	sessionsDir = "logs/sessions"
+)
+
+// Options configure Open. A nil *Options and the zero Options mean the
+// defaults. Open copies what it needs and never writes into Options.
+type Options struct {
+	// Request is the run's identity: what it serves. Open refuses a run
+	// created for another Request with ErrMismatch. Required to create a
+	// run; empty on resume means "whatever the run serves" (tools use that).
+	Request string
+
+	// Revision is the source revision the session works on. A different
+	// Revision than the run's is recorded in the open record and allowed.
+	Revision string
+
+	// Environment describes where the session runs. Like Revision it is
+	// recorded and allowed to differ; nil equals empty.
+	Environment map[string]string
+
+	// MaxAttempts bounds retryable failures of one stage: after that many,
+	// the stage awaits a person. Zero means 3.
+	MaxAttempts int
+
+	// Flow names the allowed transitions between stages (see AgentFlow).
+	// Nil allows any order.
+	Flow *Flow
+
+	// ManifestInterval is how often, at most, a running session rewrites
+	// manifest.json (it is also written on Open and Close). Zero means one
+	// second; a negative value writes it after every append (tests).
+	ManifestInterval time.Duration
+
+	// Logger receives warnings (a torn tail cut, a projection that could
+	// not be written) and debug records. Nil discards them.
+	Logger *slog.Logger
+
+	// NoSync skips every fsync. Unsafe: an acknowledged record may be lost
+	// in a power failure. Tests only.
+	NoSync bool
+
+	// fs replaces the operating system's file system (fault injection in
+	// tests). Nil means the real one.
+	fs fileSystem
+}
+
+// Run is an open run directory: one session of work on it. All its methods
+// are safe for concurrent use by multiple goroutines, and any number of
+// processes may have the same directory open at once.
+type Run struct {
+	dir     string
+	opts    Options
+	fs      fileSystem
+	log     *slog.Logger
+	session string
+	root    *os.Root // the run directory, for outputs: no path escapes it
+
+	lock    *flock.Flock // logs/ledger.lock, taken for every append batch
+	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
+	ledger  file         // logs/ledger.jsonl, opened for append and read
+
+	// stMu guards st. The group-commit leader holds it for a whole batch.
+	stMu sync.RWMutex
+	st   *state
+
+	// mu guards the fields below it.
+	mu       sync.Mutex
+	closed   bool
+	sticky   error // first write error that makes the run read-only
+	queue    []*tx
+	leading  bool
+	skipped  int // Begin found a stage done
+	deduped  int // Effect returned a stored receipt
+	manifest time.Time
+}
+
+// Open creates the run in dir, or resumes the run that is there, and starts
+// a session on it. A missing dir is created. When Open returns, the
+// session's open record (and, for a new run, its create record) is in the
+// ledger, the create record durably; logs/next-steps.txt and manifest.json
+// reflect the ledger. Several processes may Open one directory at once:
+// exactly one creates the run, the others resume it.
+//
+// Open fails with ErrMismatch when the run serves another Request, with a
+// *CorruptError when the ledger is damaged before its last line (nothing
+// is written then), and with ErrVersion for an unknown format. A torn last
+// line, left by a writer that died mid-append, is moved aside to
+// logs/ledger.jsonl.torn-<time> and cut off.
+func Open(dir string, opts *Options) (*Run, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+		o.Environment = copyEnv(opts.Environment)
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.ManifestInterval == 0 {
+		o.ManifestInterval = time.Second
+	}
+	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger}
+	if r.fs == nil {
+		r.fs = osFS{}
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if err := r.open(); err != nil {
+		r.release()
+		return nil, err
+	}
+	return r, nil
+}
+
+func copyEnv(env map[string]string) map[string]string {
+	if len(env) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(env))
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}
+
+func (r *Run) path(rel string) string { return filepath.Join(r.dir, filepath.FromSlash(rel)) }
+
+func (r *Run) open() error {
+	if r.dir == "" {
+		return fmt.Errorf("%w: Open needs a directory", ErrInvalid)
+	}
+	if fi, err := os.Stat(r.dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("runstate: %s is a file, not a run directory: pass a directory", r.dir)
+	} else if err != nil && !isNotExist(err) {
+		return fmt.Errorf("runstate: cannot use %s: %w", r.dir, err)
+	}
+	for _, d := range []string{sessionsDir, tmpDir} {
+		if err := r.fs.MkdirAll(r.path(d), 0o755); err != nil {
+			return fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", r.path(d), err)
+		}
+	}
+	root, err := os.OpenRoot(r.dir)
+	if err != nil {
+		return fmt.Errorf("runstate: open %s: %w", r.dir, err)
+	}
+	r.root = root
+
+	r.lock = flock.New(r.path(lockFile))
+	if err := r.lock.Lock(); err != nil {
+		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
+	}
+	defer r.lock.Unlock()
+
+	lp := r.path(ledgerFile)
+	if fi, err := r.fs.Stat(lp); err == nil && fi.IsDir() {
+		return fmt.Errorf("runstate: %s is a directory, not a ledger: move it away", lp)
+	}
+	f, err := r.fs.OpenFile(lp, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	r.ledger = f
+
+	st, fromSnapshot, err := loadState(r.fs, r.dir, f)
+	if err != nil {
+		return err
+	}
+	r.st = st
+	if err := r.cutTorn(); err != nil {
+		return err
+	}
+	var recs []*Record
+	if st.pos.seq == 0 {
+		if r.opts.Request == "" {
+			return fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.dir)
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		data, _ := json.Marshal(runIdentity{ID: id.String(), Request: r.opts.Request, Revision: r.opts.Revision,
+			Environment: r.opts.Environment, Format: FormatVersion})
+		recs = append(recs, &Record{Ev: evCreate, Data: data})
+	} else if r.opts.Request != "" && r.opts.Request != st.identity.Request {
+		return fmt.Errorf("%w: %s serves request %q, not %q: use another directory for other work",
+			ErrMismatch, r.dir, st.identity.Request, r.opts.Request)
+	}
+
+	sid, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	r.session = sid.String()
+	if err := r.holdSession(); err != nil {
+		return err
+	}
+	r.cleanStale()
+	for _, name := range st.stageNames() {
+		s := st.stages[name]
+		if s.State == StateRunning && !r.alive(s.Session) {
+			recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: s.Attempt,
+				Reason: "session " + s.Session + " is gone"})
+		}
+	}
+	host, _ := os.Hostname()
+	data, _ := json.Marshal(openData{PID: os.Getpid(), Host: host, Revision: r.opts.Revision, Environment: r.opts.Environment})
+	recs = append(recs, &Record{Ev: evOpen, Data: data})
+	t := &tx{sync: st.pos.seq == 0, fn: func(*state) ([]*Record, error) { return recs, nil }}
+	r.stMu.Lock()
+	defer r.stMu.Unlock()
+	r.apply([]*tx{t})
+	if t.err != nil {
+		return t.err
+	}
+	_ = fromSnapshot
+	r.writeManifest()
+	return nil
+}
+
+// holdSession creates and locks logs/sessions/<session>.lock. The caller
+// holds the ledger lock, so no other session can see the file unlocked.
+func (r *Run) holdSession() error {
+	r.sesLock = flock.New(r.path(sessionsDir + "/" + r.session + ".lock"))
+	ok, err := r.sesLock.TryLock()
+	if err != nil || !ok {
+		return fmt.Errorf("runstate: lock %s: %v", r.sesLock.Path(), err)
+	}
+	return nil
+}
+
+// alive reports whether a session still holds its lock. The caller holds
+// the ledger lock, under which session lock files are created and removed.
+func (r *Run) alive(session string) bool {
+	if session == "" {
+		return false
+	}
+	if session == r.session {
+		return true
+	}
+	p := r.path(sessionsDir + "/" + session + ".lock")
+	if _, err := os.Stat(p); err != nil {
+		return false
+	}
+	l := flock.New(p, flock.SetFlag(os.O_RDWR))
+	ok, err := l.TryLock()
+	if err != nil {
+		return !isNotExist(err) // cannot tell: assume alive, the safe side
+	}
+	if ok {
+		l.Unlock()
+		return false
+	}
+	return true
+}
+
+// cleanStale removes the lock files of sessions that are gone and the temp
+// files they left. The caller holds the ledger lock.
+func (r *Run) cleanStale() {
+	live := map[string]bool{r.session: true}
+	ents, _ := r.fs.ReadDir(r.path(sessionsDir))
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".lock")
+		if !ok || id == r.session {
+			continue
+		}
+		if r.alive(id) {
+			live[id] = true
+			continue
+		}
+		if err := r.fs.Remove(r.path(sessionsDir + "/" + e.Name())); err == nil {
+			r.log.Debug("runstate: removed stale session lock", "session", id)
+		}
+	}
+	ents, _ = r.fs.ReadDir(r.path(tmpDir))
+	for _, e := range ents {
+		id, _, _ := strings.Cut(e.Name(), "~")
+		if len(e.Name()) > 36 {
+			id = e.Name()[:36]
+		}
+		if !live[id] {
+			if err := r.fs.Remove(r.path(tmpDir + "/" + e.Name())); err == nil {
+				r.log.Info("runstate: removed a temp file left by a killed write", "file", r.path(tmpDir+"/"+e.Name()))
+			}
+		}
+	}
+}
+
+// loadState reads the run's state: from manifest.json when it is a usable
+// snapshot of this ledger (its last record is there, with the same hash),
+// then the records after it; otherwise by replaying the whole ledger.
+// A torn tail is not applied; the returned state's pos ends before it.
+func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot bool, err error) {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, false, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	size := fi.Size()
+	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
+		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && snapshotHolds(f, pos) {
+			st, fromSnapshot = s, true
+		}
+	}
+	if st == nil {
+		st = newState()
+	}
+	_, err = replay(io.NewSectionReader(f, st.pos.offset, size-st.pos.offset), lp, &st.pos, func(rec *Record, line []byte) error {
+		st.apply(rec)
+		st.lastLen = int64(len(line) + 1)
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return st, fromSnapshot, nil
+}
+
+// snapshotHolds reports whether the ledger has, at pos, the record the
+// manifest says it reflects.
+func snapshotHolds(f file, pos snapshotPos) bool {
+	n := pos.End - pos.Offset
+	if n > maxLine {
+		return false
+	}
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, pos.Offset); err != nil {
+		return false
+	}
+	if buf[n-1] != '\n' || (pos.Offset > 0 && !precededByNewline(f, pos.Offset)) {
+		return false
+	}
+	return lineHash(buf[:n-1]) == pos.Hash
+}
+
+func precededByNewline(f file, off int64) bool {
+	var b [1]byte
+	_, err := f.ReadAt(b[:], off-1)
+	return err == nil && b[0] == '\n'
+}
+
+// cutTorn moves a torn last line aside and truncates the ledger to the last
+// good record. The caller holds the ledger lock.
+func (r *Run) cutTorn() error {
+	fi, err := r.ledger.Stat()
+	if err != nil {
+		return err
+	}
+	end := r.st.pos.offset
+	if fi.Size() == end {
+		return nil
+	}
+	if fi.Size() < end {
+		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: fi.Size(),
+			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", fi.Size(), end)}
+	}
+	torn := make([]byte, fi.Size()-end)
+	if _, err := r.ledger.ReadAt(torn, end); err != nil {
+		return fmt.Errorf("runstate: read torn tail of %s: %w", r.path(ledgerFile), err)
+	}
+	aside := r.path(ledgerFile) + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := writeAtomic(r.fs, r.path(tmpDir), r.sessionOrNone(), aside, torn, !r.opts.NoSync); err != nil {
+		return fmt.Errorf("runstate: save torn tail of %s to %s: %w", r.path(ledgerFile), aside, err)
+	}
+	if err := r.ledger.Truncate(end); err != nil {
+		return &WriteError{Path: r.path(ledgerFile), Op: "truncate", Err: err}
+	}
+	r.log.Warn("runstate: cut a torn last line from the ledger (a writer died mid-append; it was never acknowledged)",
+		"ledger", r.path(ledgerFile), "offset", end, "bytes", len(torn), "saved", aside)
+	return nil
+}
+
+func (r *Run) sessionOrNone() string {
+	if r.session == "" {
+		return "open"
+	}
+	return r.session
+}
+
+// tx is one unit of the group commit: fn decides, on the current state and
+// under the ledger lock, which records to append (or fails without any).
+type tx struct {
+	fn   func(*state) ([]*Record, error)
+	sync bool // the records acknowledge something: fsync before returning
+	recs []*Record
+	err  error
+	done chan struct{}
+}
+
+// commit runs fn under the ledger lock on the current state and appends the
+// records it returns. Concurrent commits in one process are grouped: one
+// leader takes the lock once, writes every queued transaction's records
+// with one write and one fsync, and wakes the others.
+func (r *Run) commit(sync bool, fn func(*state) ([]*Record, error)) ([]*Record, error) {
+	t := &tx{fn: fn, sync: sync, done: make(chan struct{})}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if r.sticky != nil {
+		err := r.sticky
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrReadOnly, err)
+	}
+	r.queue = append(r.queue, t)
+	if r.leading {
+		r.mu.Unlock()
+		<-t.done
+		return t.recs, t.err
+	}
+	r.leading = true
+	for len(r.queue) > 0 {
+		batch := r.queue
+		r.queue = nil
+		r.mu.Unlock()
+		r.runBatch(batch)
+		r.mu.Lock()
+	}
+	r.leading = false
+	r.mu.Unlock()
+	<-t.done
+	return t.recs, t.err
+}
+
+// runBatch takes the ledger lock, catches up with other processes' appends,
+// and applies the batch.
+func (r *Run) runBatch(batch []*tx) {
+	fail := func(err error) {
+		for _, t := range batch {
+			t.err = err
+			close(t.done)
+		}
+	}
+	if err := r.lock.Lock(); err != nil {
+		fail(fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err))
+		return
+	}
+	defer r.lock.Unlock()
+	r.stMu.Lock()
+	defer r.stMu.Unlock()
+	if err := r.catchUp(); err != nil {
+		r.setSticky(err)
+		fail(err)
+		return
+	}
+	r.apply(batch)
+	for _, t := range batch {
+		close(t.done)
+	}
+}
+
+// catchUp applies what other processes appended since this one last looked,
+// and cuts a torn tail. The caller holds the ledger lock and stMu.
+func (r *Run) catchUp() error {
+	fi, err := r.ledger.Stat()
+	if err != nil {
+		return fmt.Errorf("runstate: stat %s: %w", r.path(ledgerFile), err)
+	}
+	if fi.Size() > r.st.pos.offset {
+		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, fi.Size()-r.st.pos.offset)
+		if _, err := replay(sr, r.path(ledgerFile), &r.st.pos, func(rec *Record, line []byte) error {
+			r.st.apply(rec)
+			r.st.lastLen = int64(len(line) + 1)
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return r.cutTorn()
+}
+
+// apply runs each transaction's fn, encodes the records into one buffer,
+// writes it with one write and, if any transaction asks, one fsync, then
+// replaces the projections. The caller holds the ledger lock and stMu.
+// On a failed write the ledger is cut back to where it was and the state
+// reloaded; on a failed fsync the run turns read-only.
+func (r *Run) apply(batch []*tx) {
+	var buf bytes.Buffer
+	start := r.st.pos
+	startLen := r.st.lastLen
+	now := time.Now().UTC()
+	sync := false
+	var ok []*tx
+	for _, t := range batch {
+		recs, err := t.fn(r.st)
+		if err != nil {
+			t.err = err
+			continue
+		}
+		for _, rec := range recs {
+			rec.Seq = r.st.pos.seq + 1
+			rec.At = now
+			if rec.Session == "" {
+				rec.Session = r.session
+			}
+			rec.Prev = r.st.pos.hash
+			n := buf.Len()
+			if err := appendRecord(&buf, rec); err != nil {
+				panic("runstate: cannot encode a record: " + err.Error()) // all fields are plain data
+			}
+			line := buf.Bytes()[n : buf.Len()-1]
+			r.st.apply(rec)
+			r.st.pos = chain{seq: rec.Seq, hash: lineHash(line), offset: r.st.pos.offset + int64(len(line)+1)}
+			r.st.lastLen = int64(len(line) + 1)
+		}
+		t.recs = recs
+		sync = sync || t.sync
+		ok = append(ok, t)
+	}
+	if buf.Len() == 0 {
+		return
+	}
+	lp := r.path(ledgerFile)
+	failAll := func(err error) {
+		for _, t := range ok {
+			t.err, t.recs = err, nil
+		}
+	}
+	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
+		werr := &WriteError{Path: lp, Op: "write", Err: err}
+		if n > 0 {
+			if terr := r.ledger.Truncate(start.offset); terr != nil {
+				werr.Sticky = true
+				r.setSticky(werr)
+			}
+		}
+		failAll(werr)
+		r.reload(start, startLen)
+		return
+	}
+	if sync && !r.opts.NoSync {
+		if err := r.ledger.Sync(); err != nil {
+			werr := &WriteError{Path: lp, Op: "sync", Sticky: true, Err: err}
+			r.setSticky(werr)
+			failAll(werr)
+			return
+		}
+	}
+	r.writeNextSteps()
+	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.opts.ManifestInterval {
+		r.writeManifest()
+	}
+}
+
+// reload rebuilds the state from the disk after a write that did not land.
+func (r *Run) reload(start chain, startLen int64) {
+	st, _, err := loadState(r.fs, r.dir, r.ledger)
+	if err != nil || st.pos != start {
+		if err == nil {
+			err = fmt.Errorf("ledger ends at seq %d, want %d", st.pos.seq, start.seq)
+		}
+		r.setSticky(fmt.Errorf("runstate: reload %s after a failed write: %w", r.path(ledgerFile), err))
+		return
+	}
+	st.lastLen = startLen
+	r.st = st
+}
+
+func (r *Run) setSticky(err error) {
+	r.mu.Lock()
+	if r.sticky == nil {
+		r.sticky = err
+	}
+	r.mu.Unlock()
+}
+
+func (r *Run) manifestAt() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.manifest
+}
+
+// writeNextSteps replaces logs/next-steps.txt. It is a projection: no
+// fsync, and a failure is only logged (the next Open rebuilds it). The
+// caller holds the ledger lock, so the newest one wins.
+func (r *Run) writeNextSteps() {
+	p := r.path(nextStepsFile)
+	if err := writeAtomic(r.fs, r.path(tmpDir), r.session, p, []byte(r.st.nextSteps()), false); err != nil {
+		r.log.Warn("runstate: cannot write the handoff; the next Open rebuilds it", "file", p, "err", err)
+	}
+}
+
+// writeManifest replaces manifest.json, without fsync: a manifest that does
+// not match the ledger is ignored and rebuilt.
+func (r *Run) writeManifest() {
+	p := r.path(manifestFile)
+	data, err := r.st.encodeManifest(time.Now())
+	if err == nil {
+		err = writeAtomic(r.fs, r.path(tmpDir), r.session, p, data, false)
+	}
+	if err != nil {
+		r.log.Warn("runstate: cannot write the manifest; the next Open rebuilds it", "file", p, "err", err)
+		return
+	}
+	r.mu.Lock()
+	r.manifest = time.Now()
+	r.mu.Unlock()
+}
+
+// Dir returns the run directory as passed to Open.
+func (r *Run) Dir() string { return r.dir }
+
+// ID returns the run's id (a UUIDv7, from its create record).
+func (r *Run) ID() string {
+	r.stMu.RLock()
+	defer r.stMu.RUnlock()
+	return r.st.identity.ID
+}
+
+// Session returns this session's id, as written in its records.
+func (r *Run) Session() string { return r.session }
+
+// Status returns the run's state as of the last record this session has
+// seen. It reads no file and takes no lock but an in-memory one.
+func (r *Run) Status() (*Status, error) {
+	if err := r.checkOpen(); err != nil {
+		return nil, err
+	}
+	r.stMu.RLock()
+	defer r.stMu.RUnlock()
+	return r.st.status(r.dir), nil
+}
+
+// NextSteps returns the handoff text, as logs/next-steps.txt holds it.
+func (r *Run) NextSteps() (string, error) {
+	if err := r.checkOpen(); err != nil {
+		return "", err
+	}
+	r.stMu.RLock()
+	defer r.stMu.RUnlock()
+	return r.st.nextSteps(), nil
+}
+
+// Refresh reads what other processes appended since this session last
+// wrote, so Status and NextSteps are current. It writes nothing but a cut
+// torn tail. Safe for concurrent use.
+func (r *Run) Refresh(ctx context.Context) error {
+	_, err := r.commit(false, func(*state) ([]*Record, error) { return nil, nil })
+	return err
+}
+
+func (r *Run) checkOpen() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Close ends the session: it appends a durable close record, rewrites
+// manifest.json and logs/next-steps.txt, and releases the session's lock.
+// Stages this session began and did not end are left running; the next
+// session records them as interrupted. Close is idempotent: a second call
+// returns nil. Safe for concurrent use; calls racing Close get ErrClosed.
+func (r *Run) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	sticky := r.sticky
+	d := closeData{Skipped: r.skipped, Deduplicated: r.deduped}
+	r.mu.Unlock()
+	var err error
+	if sticky == nil {
+		_, err = r.commit(true, func(s *state) ([]*Record, error) {
+			if s.metrics.Sessions <= 1 {
+				d.Skipped = 0 // nothing to resume in the first session
+			}
+			data, _ := json.Marshal(d)
+			return []*Record{{Ev: evClose, Data: data}}, nil
+		})
+		if err == nil && r.lock.Lock() == nil {
+			r.stMu.RLock()
+			r.writeManifest()
+			r.stMu.RUnlock()
+			r.lock.Unlock()
+		}
+	}
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.release()
+	return err
+}
+
+// release drops the session's lock and files. It is also what a killed
+// process's exit does, minus the close record.
+func (r *Run) release() {
+	if r.sesLock != nil {
+		// Remove while holding the lock, so no other session sees the
+		// file unlocked and takes it for a dead session's (Windows cannot
+		// remove an open file; there the next Open cleans it up).
+		_ = os.Remove(r.sesLock.Path())
+		r.sesLock.Unlock()
+	}
+	if r.ledger != nil {
+		r.ledger.Close()
+	}
+	if r.root != nil {
+		r.root.Close()
+	}
+}
+
+// Crash abandons the Run the way a killed process would: no close record,
+// no projection, locks and files released. For tests (package runstatetest
+// uses it); every later call returns ErrClosed.
+func (r *Run) crash() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	if r.sesLock != nil {
+		r.sesLock.Unlock() // a killed process leaves its lock file behind
+	}
+	if r.ledger != nil {
+		r.ledger.Close()
+	}
+	if r.root != nil {
+		r.root.Close()
+	}
+}
+
+// errorf wraps a sentinel with the run directory for context.
+func (r *Run) errorf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", sentinel, r.dir, fmt.Sprintf(format, args...))
+}
+
+var _ = errors.Is

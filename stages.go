@@ -1,0 +1,784 @@
+package runstate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Input is a piece of evidence a stage starts from. Begin fingerprints each
+// input and records the fingerprints; a completed stage is redone when one
+// changed. Build inputs with File, Value, After and ValidFor.
+type Input struct {
+	kind     int
+	name     string // the name reasons quote
+	fp       string // Value: its fingerprint
+	err      error  // Value: the marshalling error, reported by Begin
+	validFor time.Duration
+}
+
+const (
+	inputFile = iota + 1
+	inputValue
+	inputAfter
+	inputValidFor
+)
+
+// File is the content of the file at path, opened as os.Open would (relative
+// to the working directory). Its name in the ledger is path as given. A
+// missing file is an error at Begin, never an empty fingerprint.
+func File(path string) Input { return Input{kind: inputFile, name: path} }
+
+// Value is the JSON encoding of v, named name: a parameter, a prompt, a
+// model name. v must marshal with encoding/json.
+func Value(name string, v any) Input {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return Input{kind: inputValue, name: name, err: fmt.Errorf("%w: Value(%q): %v", ErrInvalid, name, err)}
+	}
+	return Input{kind: inputValue, name: name, fp: fingerprint(data)}
+}
+
+// After is the outputs of stage: the stage must be done, and when it is
+// redone with different outputs, this stage is redone too (invalidation
+// cascades). Its name in the ledger is "after:" + stage.
+func After(stage string) Input { return Input{kind: inputAfter, name: "after:" + stage} }
+
+// ValidFor makes the stage's evidence expire: a stage completed longer than
+// d ago is redone, with the reason "evidence expired".
+func ValidFor(d time.Duration) Input { return Input{kind: inputValidFor, validFor: d} }
+
+func fingerprint(data []byte) string {
+	h := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(h[:])
+}
+
+// checkName refuses stage names a person could not read back.
+func checkName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty stage name", ErrInvalid)
+	}
+	if len(name) > 256 || !utf8.ValidString(name) {
+		return fmt.Errorf("%w: stage name %.40q... must be valid UTF-8 of at most 256 bytes", ErrInvalid, name)
+	}
+	for _, c := range name {
+		if unicode.IsControl(c) {
+			return fmt.Errorf("%w: stage name %q has a control character", ErrInvalid, name)
+		}
+	}
+	if strings.TrimSpace(name) != name {
+		return fmt.Errorf("%w: stage name %q starts or ends with a space", ErrInvalid, name)
+	}
+	return nil
+}
+
+// Plan records the work that exists, in order: the stages next-steps.txt
+// and Status count as done and remaining. Planning the same stages again
+// writes nothing; a different list is recorded (durably) and replaces it.
+// Stages may be begun without being planned. Safe for concurrent use.
+func (r *Run) Plan(ctx context.Context, stages ...string) error {
+	seen := map[string]bool{}
+	for _, n := range stages {
+		if err := checkName(n); err != nil {
+			return err
+		}
+		if seen[n] {
+			return fmt.Errorf("%w: stage %q planned twice", ErrInvalid, n)
+		}
+		seen[n] = true
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		if slices.Equal(s.plan, stages) {
+			return nil, nil
+		}
+		data, _ := json.Marshal(stages)
+		return []*Record{{Ev: evPlan, Data: data}}, nil
+	})
+	return err
+}
+
+// evidence is the fingerprints Begin computed outside the lock.
+type evidence struct {
+	list     []Input
+	inputs   map[string]string // File and Value fingerprints
+	after    []string          // stages named by After
+	validFor time.Duration
+}
+
+func (r *Run) gather(inputs []Input) (*evidence, error) {
+	ev := &evidence{list: inputs, inputs: map[string]string{}}
+	for _, in := range inputs {
+		if in.err != nil {
+			return nil, in.err
+		}
+		if in.kind == inputValidFor {
+			ev.validFor = in.validFor
+			continue
+		}
+		if _, dup := ev.inputs[in.name]; dup || in.kind == inputAfter && slices.Contains(ev.after, strings.TrimPrefix(in.name, "after:")) {
+			return nil, fmt.Errorf("%w: input %q given twice", ErrInvalid, in.name)
+		}
+		switch in.kind {
+		case inputFile:
+			fp, err := hashFile(in.name)
+			if err != nil {
+				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
+			}
+			ev.inputs[in.name] = fp
+		case inputValue:
+			ev.inputs[in.name] = in.fp
+		case inputAfter:
+			st := strings.TrimPrefix(in.name, "after:")
+			if err := checkName(st); err != nil {
+				return nil, err
+			}
+			ev.after = append(ev.after, st)
+		}
+	}
+	return ev, nil
+}
+
+func hashFile(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// afterFingerprint is the fingerprint of a done stage's evidence and
+// outputs: it changes when the stage is redone with other results.
+func afterFingerprint(st *StageStatus) string {
+	var b strings.Builder
+	for _, o := range st.Outputs {
+		fmt.Fprintf(&b, "out %s %s %d\n", o.Path, o.SHA256, o.Size)
+	}
+	for _, k := range slices.Sorted(maps.Keys(st.Inputs)) {
+		fmt.Fprintf(&b, "in %s %s\n", k, st.Inputs[k])
+	}
+	fmt.Fprintf(&b, "state %s\n", st.State)
+	return fingerprint([]byte(b.String()))
+}
+
+// fingerprints completes ev with the After fingerprints from the state.
+func (ev *evidence) fingerprints(s *state, stage string) (map[string]string, error) {
+	fps := maps.Clone(ev.inputs)
+	for _, dep := range ev.after {
+		d := s.stages[dep]
+		if d == nil || !done(d.State) {
+			state := "unknown"
+			if d != nil {
+				state = d.State
+			}
+			return nil, fmt.Errorf("%w: %s needs %s, which is %s", ErrNotReady, stage, dep, state)
+		}
+		fps["after:"+dep] = afterFingerprint(d)
+	}
+	return fps, nil
+}
+
+// staleReason compares the recorded evidence of a done stage with the
+// current one and says what changed, or "" when it all holds.
+func staleReason(recorded, current map[string]string) string {
+	for _, k := range slices.Sorted(maps.Keys(current)) {
+		old, ok := recorded[k]
+		switch {
+		case !ok:
+			return fmt.Sprintf("input %s added", k)
+		case old != current[k]:
+			if dep, ok := strings.CutPrefix(k, "after:"); ok {
+				return fmt.Sprintf("input %s changed (stage %s was redone with other results)", k, dep)
+			}
+			return fmt.Sprintf("input %s changed", k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(recorded)) {
+		if _, ok := current[k]; !ok {
+			return fmt.Sprintf("input %s removed", k)
+		}
+	}
+	return ""
+}
+
+// checkOutputs hashes a done stage's recorded outputs and says which one
+// is missing or altered, or "" when all are as recorded.
+func (r *Run) checkOutputs(outs []Output) string {
+	for _, o := range outs {
+		sum, size, err := r.hashOutput(o.Path)
+		switch {
+		case isNotExist(err):
+			return fmt.Sprintf("output %s missing", o.Path)
+		case err != nil:
+			return fmt.Sprintf("output %s unreadable: %v", o.Path, err)
+		case sum != o.SHA256 || size != o.Size:
+			return fmt.Sprintf("output %s altered (sha256:%.12s, want sha256:%.12s)", o.Path, sum, o.SHA256)
+		}
+	}
+	return ""
+}
+
+func (r *Run) hashOutput(rel string) (string, int64, error) {
+	f, err := r.root.Open(filepath.FromSlash(rel))
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// errRecheck makes Begin look at the outputs again: the stage changed
+// between the look outside the lock and the decision under it.
+var errRecheck = errors.New("runstate: stage changed; check again")
+
+// Begin starts an attempt of the named stage, with the evidence it starts
+// from. It returns an error wrapping ErrDone, and no Stage, when the stage
+// is complete (or skipped) and its evidence holds: the same input
+// fingerprints, every recorded output present with its recorded hash, and
+// not expired. When the evidence does not hold, Begin records why
+// (invalidate, with a reason such as "input src/parser.go changed") and
+// begins the stage again.
+//
+// Begin fails with ErrBusy when a live session runs the stage, with
+// ErrNeedsPerson when it awaits a person, with ErrFatal after a fatal
+// failure, with ErrNotReady when an After stage is not done, and with
+// ErrTransition when the run's Flow forbids it. A stage begun by a session
+// that died is recorded as interrupted and begun again.
+//
+// The begin record is written but not fsync'd: until Complete, Fail or
+// Await, nothing is acknowledged. Safe for concurrent use.
+func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ev, err := r.gather(inputs)
+	if err != nil {
+		return nil, err
+	}
+	for tries := 0; ; tries++ {
+		// Look at a done stage's outputs outside the lock: hashing files
+		// must not hold up other writers.
+		r.stMu.RLock()
+		var seen int64
+		var outs []Output
+		if st := r.st.stages[name]; st != nil && st.State == StateComplete {
+			seen, outs = st.DoneSeq, st.Outputs
+		}
+		r.stMu.RUnlock()
+		outReason := ""
+		if seen != 0 {
+			outReason = r.checkOutputs(outs)
+		}
+		var fps map[string]string
+		var attempt int
+		_, err := r.commit(false, func(s *state) ([]*Record, error) {
+			st := s.stages[name]
+			if st == nil {
+				st = &StageStatus{Name: name, State: StatePending}
+			}
+			var recs []*Record
+			switch st.State {
+			case StateRunning:
+				if r.alive(st.Session) {
+					who := "another session (" + st.Session + ")"
+					if st.Session == r.session {
+						who = "this session"
+					}
+					return nil, fmt.Errorf("%w: %s attempt %d is running in %s", ErrBusy, name, st.Attempt, who)
+				}
+				recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt,
+					Reason: "session " + st.Session + " is gone"})
+			case StateAwaiting:
+				reason := st.Reason
+				if reason == "" {
+					reason = st.Error
+				}
+				return nil, fmt.Errorf("%w: %s: %s; approve it with 'runstate approve DIR %s -by NAME'", ErrNeedsPerson, name, reason, name)
+			case StateFatal:
+				return nil, fmt.Errorf("%w: %s: %s; fix the cause, then 'runstate invalidate DIR %s -reason TEXT'", ErrFatal, name, st.Error, name)
+			case StateSkipped:
+				return nil, fmt.Errorf("%w: %s was skipped: %s", ErrDone, name, st.Reason)
+			}
+			var err error
+			fps, err = ev.fingerprints(s, name)
+			if err != nil {
+				return nil, err
+			}
+			if st.State == StateComplete {
+				if st.DoneSeq != seen {
+					return nil, errRecheck
+				}
+				reason := staleReason(st.Inputs, fps)
+				if reason == "" {
+					reason = outReason
+				}
+				if reason == "" && ev.validFor > 0 && time.Since(st.DoneAt) > ev.validFor {
+					reason = fmt.Sprintf("evidence expired (valid for %s, complete since %s)", ev.validFor, st.DoneAt.Format(time.RFC3339))
+				}
+				if reason == "" {
+					return nil, fmt.Errorf("%w: %s (seq %d)", ErrDone, name, st.DoneSeq)
+				}
+				recs = append(recs, &Record{Ev: evInvalidate, Stage: name, Reason: reason})
+			}
+			if err := r.checkFlow(s, name, st); err != nil {
+				return nil, err
+			}
+			attempt = st.Attempt + 1
+			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps})
+			return recs, nil
+		})
+		if errors.Is(err, errRecheck) && tries < 10 {
+			continue
+		}
+		if errors.Is(err, ErrDone) {
+			r.mu.Lock()
+			r.skipped++
+			r.mu.Unlock()
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}}, nil
+	}
+}
+
+// Stage is one attempt of a stage, from Begin until Complete, Fail or
+// Await. Its methods are safe for concurrent use; after the attempt ends
+// they return ErrClosed.
+type Stage struct {
+	run     *Run
+	name    string
+	attempt int
+	ev      *evidence
+	fps     map[string]string
+
+	mu       sync.Mutex
+	outputs  map[string]Output // recorded by WriteFile, hashed
+	declared []string          // recorded by Output, hashed at Complete
+	ended    bool
+}
+
+// Name returns the stage's name.
+func (st *Stage) Name() string { return st.name }
+
+// Attempt returns the attempt number, 1 for the first begin of the stage in
+// the run.
+func (st *Stage) Attempt() int { return st.attempt }
+
+// Run returns the run the stage belongs to.
+func (st *Stage) Run() *Run { return st.run }
+
+// rel checks that p names a file inside the run directory and returns it
+// relative to the run directory, with forward slashes.
+func (r *Run) rel(p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
+	}
+	if filepath.IsAbs(p) {
+		abs, err := filepath.Abs(r.dir)
+		if err != nil {
+			return "", err
+		}
+		rel, err := filepath.Rel(abs, p)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			return "", fmt.Errorf("%w: output %s is outside the run directory %s", ErrInvalid, p, r.dir)
+		}
+		p = rel
+	}
+	p = filepath.ToSlash(filepath.Clean(p))
+	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
+		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, r.dir)
+	}
+	if p == "logs" || strings.HasPrefix(p, "logs/") || p == manifestFile {
+		return "", fmt.Errorf("%w: output %s is one of runstate's own files", ErrInvalid, p)
+	}
+	return p, nil
+}
+
+func (st *Stage) check() error {
+	if st.ended {
+		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
+	}
+	return nil
+}
+
+// WriteFile writes data to path inside the run directory atomically (a temp
+// file renamed over it, so a reader never sees half a file) and records it
+// as an output of this attempt with its SHA-256. The file is not fsync'd:
+// Complete records its hash, and a later Begin redoes the stage if the
+// file did not survive. path is relative to the run directory (or absolute
+// inside it) and may not escape it, even through a symbolic link.
+func (st *Stage) WriteFile(path string, data []byte) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := st.check(); err != nil {
+		return err
+	}
+	rel, err := st.run.rel(path)
+	if err != nil {
+		return err
+	}
+	if err := st.run.writeOutput(rel, data); err != nil {
+		return err
+	}
+	h := sha256.Sum256(data)
+	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
+	return nil
+}
+
+// writeOutput writes an output through the run's os.Root: a symbolic link
+// that leads out of the run directory is refused.
+func (r *Run) writeOutput(rel string, data []byte) (err error) {
+	native := filepath.FromSlash(rel)
+	if dir := filepath.Dir(native); dir != "." {
+		if err := r.root.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("runstate: output %s: %w", rel, err)
+		}
+	}
+	tmp := filepath.Join(filepath.FromSlash(tmpDir), r.session+"-"+randomHex(8))
+	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("runstate: output %s: %w", rel, err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			r.root.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return fmt.Errorf("runstate: output %s: %w", rel, err)
+	}
+	if err = f.Close(); err != nil {
+		return fmt.Errorf("runstate: output %s: %w", rel, err)
+	}
+	if err = r.root.Rename(tmp, native); err != nil {
+		return fmt.Errorf("runstate: output %s: %w", rel, err)
+	}
+	return nil
+}
+
+// Output records a file that the stage wrote by other means as one of its
+// outputs. It is hashed when the stage completes; it must exist then.
+func (st *Stage) Output(path string) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := st.check(); err != nil {
+		return err
+	}
+	rel, err := st.run.rel(path)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(st.declared, rel) {
+		st.declared = append(st.declared, rel)
+	}
+	return nil
+}
+
+// collectOutputs hashes the declared outputs and returns every output in
+// path order.
+func (st *Stage) collectOutputs() ([]Output, error) {
+	outs := maps.Clone(st.outputs)
+	for _, rel := range st.declared {
+		sum, size, err := st.run.hashOutput(rel)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("runstate: stage %s: output %s does not exist", st.name, rel)
+			}
+			return nil, fmt.Errorf("runstate: stage %s: output %s: %w", st.name, rel, err)
+		}
+		outs[rel] = Output{Path: rel, SHA256: sum, Size: size}
+	}
+	var list []Output
+	for _, k := range slices.Sorted(maps.Keys(outs)) {
+		list = append(list, outs[k])
+	}
+	return list, nil
+}
+
+// Complete ends the attempt successfully: it checks the inputs again,
+// hashes the outputs and appends the complete record. When Complete
+// returns nil the record is durable (fsync'd) and logs/next-steps.txt is
+// current. When an input changed while the stage ran, Complete records the
+// stage as invalidated instead and returns ErrStale: run it again.
+// Safe for concurrent use; a second call returns ErrClosed.
+func (st *Stage) Complete() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := st.check(); err != nil {
+		return err
+	}
+	outs, err := st.collectOutputs()
+	if err != nil {
+		return err
+	}
+	now, err := st.run.gather(st.ev.list)
+	stale := ""
+	if err != nil {
+		stale = fmt.Sprintf("an input became unreadable while the stage ran: %v", err)
+	} else {
+		stale = staleReason(st.ev.inputs, now.inputs)
+	}
+	var staleErr error
+	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
+		cur := s.stages[st.name]
+		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
+			state := "gone"
+			if cur != nil {
+				state = fmt.Sprintf("%s (attempt %d)", cur.State, cur.Attempt)
+			}
+			return nil, fmt.Errorf("%w: %s attempt %d is no longer running: it is %s", ErrStale, st.name, st.attempt, state)
+		}
+		reason := stale
+		if reason == "" {
+			fps, err := st.ev.fingerprints(s, st.name)
+			if err != nil {
+				reason = err.Error()
+			} else if r := staleReason(st.fps, fps); r != "" {
+				reason = r
+			}
+		}
+		if reason != "" {
+			reason += " while the stage ran"
+			staleErr = fmt.Errorf("%w: %s: %s", ErrStale, st.name, reason)
+			return []*Record{{Ev: evInvalidate, Stage: st.name, Attempt: st.attempt, Reason: reason}}, nil
+		}
+		return []*Record{{Ev: evComplete, Stage: st.name, Attempt: st.attempt, Inputs: st.fps, Outputs: outs}}, nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrStale) {
+			st.ended = true
+		}
+		return err
+	}
+	st.ended = true
+	return staleErr
+}
+
+// Fail ends the attempt as failed and records err with its class:
+// Retryable (the default for an unclassified error), NeedsPerson or Fatal.
+// After Options.MaxAttempts retryable failures the stage awaits a person.
+// When Fail returns nil the record is durable. Fail returns nil for a nil
+// err without ending the attempt. Safe for concurrent use.
+func (st *Stage) Fail(err error) error {
+	if err == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if cerr := st.check(); cerr != nil {
+		return cerr
+	}
+	class, reason := classOf(err)
+	max := st.run.opts.MaxAttempts
+	_, cerr := st.run.commit(true, func(s *state) ([]*Record, error) {
+		cur := s.stages[st.name]
+		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
+			return nil, fmt.Errorf("%w: %s attempt %d is no longer running", ErrStale, st.name, st.attempt)
+		}
+		recs := []*Record{{Ev: evFail, Stage: st.name, Attempt: st.attempt, Class: class, Error: err.Error()}}
+		switch {
+		case class == ClassPerson:
+			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class, Reason: reason})
+		case class == ClassRetryable && cur.Failures+1 >= max:
+			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class,
+				Reason: fmt.Sprintf("retries exhausted: %d attempts failed; last error: %s", cur.Failures+1, oneLine(err.Error()))})
+		}
+		return recs, nil
+	})
+	if cerr == nil || errors.Is(cerr, ErrStale) {
+		st.ended = true
+	}
+	return cerr
+}
+
+// Await ends the attempt as waiting for a person's review: the outputs
+// written so far are recorded, and the stage is complete once Approve is
+// called. Await returns an error wrapping ErrNeedsPerson when the await
+// record is durable, so that Do and the pipeline stop there.
+func (st *Stage) Await(reason string) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := st.check(); err != nil {
+		return err
+	}
+	outs, err := st.collectOutputs()
+	if err != nil {
+		return err
+	}
+	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
+		cur := s.stages[st.name]
+		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
+			return nil, fmt.Errorf("%w: %s attempt %d is no longer running", ErrStale, st.name, st.attempt)
+		}
+		return []*Record{{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}}, nil
+	})
+	if err != nil {
+		return err
+	}
+	st.ended = true
+	return fmt.Errorf("%w: %s: %s", ErrNeedsPerson, st.name, reason)
+}
+
+// Skip records that the named stage is not needed, with the reason; it then
+// counts as done. Skipping a done stage writes nothing. When Skip returns
+// nil the record is durable. Safe for concurrent use.
+func (r *Run) Skip(ctx context.Context, name, reason string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		st := s.stages[name]
+		if st != nil {
+			if done(st.State) {
+				return nil, nil
+			}
+			if st.State == StateRunning && r.alive(st.Session) {
+				return nil, fmt.Errorf("%w: cannot skip %s: attempt %d is running", ErrBusy, name, st.Attempt)
+			}
+		}
+		return []*Record{{Ev: evSkip, Stage: name, Reason: reason}}, nil
+	})
+	return err
+}
+
+// Do runs one stage: Begin, then fn, then Complete when fn returns nil or
+// Fail when it returns an error. When the stage is done and its evidence
+// holds, Do returns nil at once without calling fn. A panic in fn is
+// recorded as a failure and then re-raised (bbolt's Update does the same).
+// When Do returns nil the stage's completion is durable. Safe for
+// concurrent use.
+func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, st *Stage) error, inputs ...Input) error {
+	st, err := r.Begin(ctx, name, inputs...)
+	if errors.Is(err, ErrDone) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	panicked := true
+	defer func() {
+		if panicked {
+			p := recover()
+			_ = st.Fail(fmt.Errorf("panic: %v", p))
+			panic(p)
+		}
+	}()
+	ferr := fn(ctx, st)
+	panicked = false
+	st.mu.Lock()
+	ended := st.ended
+	st.mu.Unlock()
+	if ended {
+		return ferr // fn ended the attempt itself (Await, Complete or Fail)
+	}
+	if ferr != nil {
+		if err := st.Fail(ferr); err != nil {
+			return errors.Join(ferr, err)
+		}
+		return ferr
+	}
+	return st.Complete()
+}
+
+// segment returns the first segment of a hierarchical stage name.
+func segment(name string) string {
+	first, _, _ := strings.Cut(name, "/")
+	return first
+}
+
+// Approve records that a person cleared a stage that awaits one: a review
+// (Stage.Await) becomes complete; a failure (NeedsPerson, or retries
+// exhausted) may be begun again with a fresh retry budget. by names the
+// person. When Approve returns nil the record is durable. Safe for
+// concurrent use.
+func (r *Run) Approve(ctx context.Context, stage, by, note string) error {
+	if err := checkName(stage); err != nil {
+		return err
+	}
+	if strings.TrimSpace(by) == "" {
+		return fmt.Errorf("%w: Approve needs the name of the person who approves", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		st := s.stages[stage]
+		if st == nil || st.State != StateAwaiting {
+			state := "unknown to the run"
+			if st != nil {
+				state = st.State
+			}
+			return nil, fmt.Errorf("%w: %s does not await a person: it is %s", ErrInvalid, stage, state)
+		}
+		return []*Record{{Ev: evApprove, Stage: stage, By: by, Note: note}}, nil
+	})
+	return err
+}
+
+// Invalidate forces a stage to be redone: its completion (or fatal
+// failure, or skip) no longer counts, and stages that depend on it through
+// After are redone in turn. The record names reason and the user who asked
+// (from the operating system). When Invalidate returns nil the record is
+// durable. Safe for concurrent use.
+func (r *Run) Invalidate(ctx context.Context, stage, reason string) error {
+	if err := checkName(stage); err != nil {
+		return err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("%w: Invalidate needs a reason", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	by := operator()
+	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		if s.stages[stage] == nil {
+			return nil, fmt.Errorf("%w: %s is unknown to the run", ErrInvalid, stage)
+		}
+		return []*Record{{Ev: evInvalidate, Stage: stage, Reason: reason, By: by}}, nil
+	})
+	return err
+}
+
+// operator names the person behind an operator action.
+func operator() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}

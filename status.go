@@ -1,0 +1,131 @@
+package runstate
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Status is a read-only picture of a run as of ledger seq Seq: what exists,
+// what is done, what blocks it. Run.Status and Inspect return it; it is a
+// copy, safe to keep and to read from any goroutine.
+type Status struct {
+	Dir         string            `json:"dir"`
+	ID          string            `json:"id"`
+	Request     string            `json:"request"`
+	Revision    string            `json:"revision,omitempty"`
+	Environment map[string]string `json:"environment,omitempty"`
+	Format      int               `json:"format"`
+	Created     time.Time         `json:"created"`
+	Seq         int64             `json:"seq"`
+	Plan        []string          `json:"plan"`
+	Stages      []StageStatus     `json:"stages"`
+	Artifacts   []Artifact        `json:"artifacts"`
+	Effects     []EffectStatus    `json:"effects"`
+	Sessions    []SessionStatus   `json:"sessions"` // opened, not closed
+	Blockers    []Blocker         `json:"blockers"`
+	Next        string            `json:"next,omitempty"` // first planned stage not done
+	Done        int               `json:"done"`           // planned stages done
+	Remaining   int               `json:"remaining"`      // planned stages not done
+	Metrics     Metrics           `json:"metrics"`
+	// Torn is the size in bytes of a torn last line the reader ignored
+	// (0 when there is none). The next writer cuts it.
+	Torn int64 `json:"torn,omitempty"`
+}
+
+// Blocker is something that keeps a run from going on by itself.
+type Blocker struct {
+	Kind   string `json:"kind"` // awaiting, fatal, interrupted, unconfirmed
+	Stage  string `json:"stage,omitempty"`
+	Key    string `json:"key,omitempty"`
+	Reason string `json:"reason"`
+	Action string `json:"action"` // what a person runs to clear it
+}
+
+// Stage returns the status of the named stage, and false if the run has
+// never heard of it.
+func (s *Status) Stage(name string) (StageStatus, bool) {
+	for _, st := range s.Stages {
+		if st.Name == name {
+			return st, true
+		}
+	}
+	return StageStatus{}, false
+}
+
+// status builds a Status from the state.
+func (s *state) status(dir string) *Status {
+	out := &Status{
+		Dir:         dir,
+		ID:          s.identity.ID,
+		Request:     s.identity.Request,
+		Revision:    s.revision,
+		Environment: maps.Clone(s.env),
+		Format:      s.identity.Format,
+		Created:     s.created,
+		Seq:         s.pos.seq,
+		Plan:        slices.Clone(s.plan),
+		Artifacts:   s.artifacts(),
+		Metrics:     s.metrics,
+		Stages:      []StageStatus{},
+		Effects:     []EffectStatus{},
+		Sessions:    []SessionStatus{},
+		Blockers:    s.blockers(),
+	}
+	if out.Plan == nil {
+		out.Plan = []string{}
+	}
+	for _, name := range s.stageNames() {
+		out.Stages = append(out.Stages, *s.stages[name])
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
+		out.Effects = append(out.Effects, *s.effects[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.sessions)) {
+		out.Sessions = append(out.Sessions, *s.sessions[k])
+	}
+	for _, name := range s.plan {
+		if done(s.stages[name].State) {
+			out.Done++
+		} else {
+			out.Remaining++
+			if out.Next == "" {
+				out.Next = name
+			}
+		}
+	}
+	return out
+}
+
+// blockers lists what needs a person or a look, stages first.
+func (s *state) blockers() []Blocker {
+	out := []Blocker{}
+	for _, name := range s.stageNames() {
+		st := s.stages[name]
+		switch st.State {
+		case StateAwaiting:
+			reason := st.Reason
+			if reason == "" {
+				reason = st.Error
+			}
+			out = append(out, Blocker{Kind: "awaiting", Stage: name, Reason: reason,
+				Action: fmt.Sprintf("runstate approve DIR %s -by NAME -note TEXT", name)})
+		case StateFatal:
+			out = append(out, Blocker{Kind: "fatal", Stage: name, Reason: st.Error,
+				Action: fmt.Sprintf("fix the cause, then: runstate invalidate DIR %s -reason TEXT", name)})
+		case StateInterrupted:
+			out = append(out, Blocker{Kind: "interrupted", Stage: name,
+				Reason: fmt.Sprintf("attempt %d's session died before it ended", st.Attempt),
+				Action: "run the pipeline again: the stage begins anew"})
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
+		e := s.effects[k]
+		if e.State == EffectUnconfirmed {
+			out = append(out, Blocker{Kind: "unconfirmed", Key: k, Reason: e.Error,
+				Action: fmt.Sprintf("check the receiving system, then: runstate resolve DIR %s -sent RECEIPT -by NAME (or -not-sent)", k)})
+		}
+	}
+	return out
+}
