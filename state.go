@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"time"
 )
@@ -275,6 +276,7 @@ func (s *state) apply(r *Record) {
 		st := s.stage(r.Stage)
 		if st.State == StateRunning {
 			st.State = StateInterrupted
+			st.Reason = fmt.Sprintf("attempt %d was interrupted: %s", r.Attempt, r.Reason)
 		}
 		s.metrics.Interrupted++
 		delete(s.sessions, st.Session)
