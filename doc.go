@@ -37,6 +37,8 @@
 //	logs/ledger.lock         the writers' lock file; never holds data
 //	logs/sessions/<id>.lock  held locked by each open session
 //	logs/tmp/                temp files of atomic writes, named <session>-<random>
+//	logs/handoff/<id>.0, .1  each open session's two copies of next-steps.txt,
+//	                         one of them hard-linked as it; gone after Close
 //	logs/ledger.jsonl.torn-* torn last lines moved aside by a writer
 //	artifacts/...            outputs, wherever the stages write them
 //
@@ -70,7 +72,8 @@
 //	complete     it ended well, with its inputs and outputs
 //	fail         it failed; class says what happens next
 //	skip         the stage is not needed (reason); it counts as done
-//	interrupted  a later session found a begin whose session is gone
+//	interrupted  a later session found a begin whose session is gone (or,
+//	             with no stage, a session gone without a close: data.session)
 //	invalidate   a done stage's evidence no longer holds (reason names the
 //	             changed input, the missing or altered output, or the
 //	             expiry), or a person forced a redo (by)

@@ -53,7 +53,7 @@ func (r *Run) checkFlow(s *state, name string, st *StageStatus) error {
 	if from == to || slices.Contains(f.Next[from], to) {
 		return nil
 	}
-	if s.stages[to] != nil && s.stages[to].Attempt > 0 {
+	if reached(s, to) {
 		return nil // the run reached it before
 	}
 	allowed := f.Next[from]
@@ -61,4 +61,20 @@ func (r *Run) checkFlow(s *state, name string, st *StageStatus) error {
 		return fmt.Errorf("%w: %s cannot follow %s, which ends the flow", ErrTransition, name, s.lastDone)
 	}
 	return fmt.Errorf("%w: %s cannot follow %s; allowed next: %s", ErrTransition, name, s.lastDone, strings.Join(allowed, ", "))
+}
+
+// reached reports whether the run ever began a stage of segment seg: seg
+// itself or one of its sub-stages ("execute/file-3" for "execute"). It is
+// called only on the way to refusing a transition, so the scan is cheap
+// where it matters.
+func reached(s *state, seg string) bool {
+	if st := s.stages[seg]; st != nil && st.Attempt > 0 {
+		return true
+	}
+	for name, st := range s.stages {
+		if st.Attempt > 0 && strings.HasPrefix(name, seg+"/") {
+			return true
+		}
+	}
+	return false
 }

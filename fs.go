@@ -111,3 +111,5 @@ func writeAtomic(fsys fileSystem, tmp, session, path string, data []byte, sync b
 
 // isNotExist reports whether err says a file does not exist.
 func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
+
+func (osFS) Link(oldname, newname string) error { return os.Link(oldname, newname) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Effect is an external side effect that must happen once: a ticket filed,
@@ -126,6 +127,9 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 		}
 		if check {
 			again, rec, err := r.checkEffect(ctx, key, full, e, seen, pending, payload, phash)
+			if errors.Is(err, errRecheck) {
+				continue // another session settled it meanwhile: look again
+			}
 			if err != nil || !again {
 				return rec, err
 			}
@@ -133,7 +137,7 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 		}
 		return r.doEffect(ctx, key, full, e)
 	}
-	return nil, fmt.Errorf("runstate: effect %s: the ledger kept changing under it; try again", key)
+	return nil, fmt.Errorf("%w: effect %s: other sessions kept settling it; call Effect again", ErrBusy, key)
 }
 
 // checkEffect settles an ambiguous effect with Check. It returns again=true
@@ -156,12 +160,17 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 		switch {
 		case cerr != nil:
 			msg := fmt.Sprintf("outcome unknown: %v", cerr)
+			outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
 			if cur.State == EffectUnconfirmed && cur.Error == msg {
-				outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
 				return nil, nil
 			}
-			outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
-			return []*Record{{Ev: evUnconfirmed, Key: key, Error: msg}}, nil
+			// An accepted (pending) effect stays pending: a Check that
+			// could not answer does not make it safe to send it again.
+			rec := &Record{Ev: evUnconfirmed, Key: key, Error: msg}
+			if cur.Pending {
+				rec.Reason = pendingReason
+			}
+			return []*Record{rec}, nil
 		case found:
 			return []*Record{{Ev: evConfirm, Key: key, Data: orNull(receipt), Note: checkedNote}}, nil
 		case pending:
@@ -172,11 +181,7 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 			return []*Record{{Ev: evIntent, Key: key, Data: payload, Reason: phash}}, nil
 		}
 	})
-	if errors.Is(err, errRecheck) {
-		// Another session settled it: start over.
-		return false, nil, fmt.Errorf("%w: effect %s was settled by another session meanwhile; call Effect again", ErrBusy, key)
-	}
-	if err != nil {
+	if err != nil { // errRecheck: another session settled it; the caller looks again
 		return false, nil, err
 	}
 	if outErr != nil {
@@ -191,7 +196,13 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 // doEffect calls Do for an intent this session recorded, then records the
 // outcome.
 func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.RawMessage, error) {
-	receipt, derr := e.Do(ctx, full)
+	if err := r.hit(hookAfterIntent, key); err != nil {
+		return nil, err
+	}
+	receipt, derr := r.callDo(ctx, key, full, e)
+	if err := r.hit(hookAfterDo, key); err != nil {
+		return nil, err
+	}
 	var rec *Record
 	switch {
 	case derr == nil:
@@ -208,6 +219,25 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		return nil, fmt.Errorf("%w: effect %s: %w", ErrUnconfirmed, key, derr)
 	}
 	return orNull(receipt), nil
+}
+
+// callDo calls e.Do. When Do panics, the effect is recorded as unconfirmed
+// (it may have landed) before the panic goes on: an intent held by this
+// live session would otherwise make every later call ErrBusy.
+func (r *Run) callDo(ctx context.Context, key, full string, e Effect) (receipt json.RawMessage, err error) {
+	panicked := true
+	defer func() {
+		if panicked {
+			p := recover()
+			_, _ = r.commit(true, func(*state) ([]*Record, error) {
+				return []*Record{{Ev: evUnconfirmed, Key: key, Error: fmt.Sprintf("Do panicked, it may have landed: %v", p)}}, nil
+			})
+			panic(p)
+		}
+	}()
+	receipt, err = e.Do(ctx, full)
+	panicked = false
+	return receipt, err
 }
 
 // pendingReason marks an unconfirmed record written for ErrPending.
@@ -256,6 +286,11 @@ func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 func checkKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty effect key", ErrInvalid)
+	}
+	if !utf8.ValidString(key) {
+		// The ledger (JSON) would hold it with U+FFFD in place of the bad
+		// bytes: a later session would not find it, and send it again.
+		return fmt.Errorf("%w: effect key %q is not valid UTF-8", ErrInvalid, key)
 	}
 	for _, c := range key {
 		if unicode.IsControl(c) {

@@ -27,6 +27,19 @@ func Inspect(dir string) (*Status, error) {
 	return s, nil
 }
 
+// NextSteps returns the handoff for the run in dir, rendered in memory from
+// the ledger as it stands: what logs/next-steps.txt holds when it is
+// current, even when that file is behind or missing. Like Inspect it takes
+// no lock, writes nothing and may run from any process while writers are
+// active; its first line names the ledger seq it reflects.
+func NextSteps(dir string) (string, error) {
+	st, _, err := readOnly(dir)
+	if err != nil {
+		return "", err
+	}
+	return st.nextSteps(), nil
+}
+
 // readOnly loads the state of dir without a lock or a write.
 func readOnly(dir string) (*state, int64, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
@@ -67,7 +80,10 @@ func ReadLedger(dir string, fn func(*Record) error) error {
 	}
 	defer f.Close()
 	var c chain
-	_, err = replay(f, lp, &c, func(rec *Record, _ []byte) error { return fn(rec) })
+	_, err = replay(f, lp, &c, func(rec *Record, _ []byte) error {
+		rc := *rec // replay reuses rec; fn may keep it
+		return fn(&rc)
+	})
 	return err
 }
 
@@ -128,7 +144,7 @@ func Verify(dir string) (*Report, error) {
 	switch {
 	case errors.As(err, &ce):
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
-			Fix: fmt.Sprintf("the ledger is damaged from here on: restore it from a backup, or cut it with 'runstate repair -truncate-at %d DIR' (a backup is kept)", ce.Line)})
+			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce)})
 		return rep, nil
 	case err != nil:
 		return nil, err

@@ -1,7 +1,6 @@
 package runstate
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -82,20 +81,25 @@ func lineHash(line []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// parseRecord decodes one line (without '\n') and checks the fields every
-// record must have.
-func parseRecord(line []byte) (*Record, error) {
-	var r Record
-	if err := json.Unmarshal(line, &r); err != nil {
-		return nil, fmt.Errorf("not a JSON record: %v", err)
+// parse decodes one line (without '\n') into r and checks the fields
+// every record must have. It tries the fast path (decodeFast), with the
+// decoder's shared strings, then encoding/json; prev is the chain hash the
+// line should name.
+func (d *decoder) parse(line []byte, prev string, r *Record) error {
+	*r = Record{}
+	if !d.decodeFast(line, prev, r) {
+		*r = Record{}
+		if err := json.Unmarshal(line, r); err != nil {
+			return fmt.Errorf("not a JSON record: %v", err)
+		}
 	}
 	if r.Seq <= 0 {
-		return nil, errors.New("record has no seq")
+		return errors.New("record has no seq")
 	}
 	if r.Ev == "" {
-		return nil, errors.New("record has no ev")
+		return errors.New("record has no ev")
 	}
-	return &r, nil
+	return nil
 }
 
 // chain is the position of a reader or writer in the ledger: the last good
@@ -114,24 +118,20 @@ type chain struct {
 // replay returns its start in tornAt (-1 when there is none) and does not
 // apply it. Any other bad line is corruption: replay returns a
 // *CorruptError naming path, the line and its byte offset, and c stays at
-// the last good record.
+// the last good record. The *Record passed to apply is reused for the
+// next line: apply must not keep it (the maps and slices in it are new
+// for each line and may be kept).
 func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) error) (tornAt int64, err error) {
-	br := bufio.NewReaderSize(r, 256<<10)
-	var long []byte // a line longer than the buffer, gathered here
+	src := newLineSource(r)
+	defer src.stop()
+	var d decoder
+	var rec Record
 	var bad *CorruptError
 	for {
-		line, rerr := br.ReadSlice('\n')
-		if rerr == bufio.ErrBufferFull {
-			long = append(long, line...)
-			if len(long) > maxLine {
-				return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
-					Err: fmt.Errorf("line longer than %d bytes", maxLine)}
-			}
-			continue
-		}
-		if long != nil {
-			line = append(long, line...)
-			long = nil
+		line, hash, rerr := src.next()
+		if rerr == errLineTooLong {
+			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
+				Err: fmt.Errorf("line longer than %d bytes", maxLine)}
 		}
 		if rerr == io.EOF {
 			if bad != nil {
@@ -149,24 +149,27 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 			return -1, bad // a bad line with more after it
 		}
 		body := line[:len(line)-1]
-		rec, perr := parseRecord(body)
-		if perr != nil {
+		if perr := d.parse(body, c.hash, &rec); perr != nil {
 			bad = &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
 			continue
 		}
-		if err := c.check(path, rec); err != nil {
+		if err := c.check(path, &rec); err != nil {
 			return -1, err
 		}
 		if apply != nil {
-			if err := apply(rec, body); err != nil {
+			if err := apply(&rec, body); err != nil {
 				return -1, err
 			}
 		}
 		c.seq = rec.Seq
-		c.hash = lineHash(body)
+		c.hash = hash
 		c.offset += int64(len(line))
 	}
 }
+
+// errBrokenChain is wrapped by the CorruptError for a prev hash that does
+// not match the line before: that line, most likely, is the one edited.
+var errBrokenChain = errors.New("prev hash does not match")
 
 // check verifies that rec continues the chain c.
 func (c *chain) check(path string, rec *Record) error {
@@ -181,11 +184,10 @@ func (c *chain) check(path string, rec *Record) error {
 		return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: errors.New(what)}
 	}
 	if rec.Prev != c.hash {
-		what := fmt.Sprintf("prev hash does not match line %d (edited or truncated?)", c.seq)
 		if c.seq == 0 {
-			what = "first record has a prev hash (the file does not start at seq 1)"
+			return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: errors.New("first record has a prev hash (the file does not start at seq 1)")}
 		}
-		return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: errors.New(what)}
+		return &CorruptError{Path: path, Line: line, Offset: c.offset, Err: fmt.Errorf("%w line %d (edited or truncated?)", errBrokenChain, c.seq)}
 	}
 	if rec.Seq == 1 {
 		if rec.Ev != evCreate {

@@ -4,6 +4,8 @@ package runstate
 
 import (
 	"os"
+	"sync"
+	"syscall"
 )
 
 // syncDir fsyncs a directory so that a rename or create in it is durable.
@@ -18,3 +20,64 @@ func syncDir(dir string) error {
 
 // rename is os.Rename: POSIX rename replaces the target atomically.
 func rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+
+// ledgerLock is the writers' lock on logs/ledger.lock. It keeps the file
+// open for the session's life, so that an append batch takes it with one
+// flock(2) call and drops it with another (gofrs/flock opens and closes
+// the file each time). Lock also excludes the Run's own goroutines, which
+// flock does not: two locks through one open file are one lock.
+type ledgerLock struct {
+	mu   sync.Mutex
+	f    *os.File
+	conn syscall.RawConn
+}
+
+func openLedgerLock(path string) (*ledgerLock, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600) // as gofrs/flock opens it
+	if err != nil {
+		return nil, err
+	}
+	conn, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &ledgerLock{f: f, conn: conn}, nil
+}
+
+// Lock waits for the lock.
+func (l *ledgerLock) Lock() error {
+	l.mu.Lock()
+	if err := l.flock(syscall.LOCK_EX); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Unlock drops the lock taken by Lock.
+func (l *ledgerLock) Unlock() error {
+	err := l.flock(syscall.LOCK_UN)
+	l.mu.Unlock()
+	return err
+}
+
+func (l *ledgerLock) flock(how int) error {
+	var err error
+	cerr := l.conn.Control(func(fd uintptr) {
+		for {
+			err = syscall.Flock(int(fd), how)
+			if err != syscall.EINTR {
+				return
+			}
+		}
+	})
+	if cerr != nil {
+		return cerr // closed: released as a killed process's would be
+	}
+	return err
+}
+
+// Close closes the lock file, which drops the lock if it is held. It does
+// not wait for a holder in this process (crash calls it mid-batch).
+func (l *ledgerLock) Close() error { return l.f.Close() }

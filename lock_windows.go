@@ -5,8 +5,11 @@ package runstate
 import (
 	"errors"
 	"os"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gofrs/flock"
 )
 
 // syncDir is a no-op on Windows: NTFS makes a rename durable with the file's
@@ -40,3 +43,36 @@ func rename(oldpath, newpath string) error {
 		}
 	}
 }
+
+// ledgerLock is the writers' lock on logs/ledger.lock, through gofrs/flock
+// (LockFileEx). Lock also excludes the Run's own goroutines, which the
+// file lock does not.
+type ledgerLock struct {
+	mu sync.Mutex
+	fl *flock.Flock
+}
+
+func openLedgerLock(path string) (*ledgerLock, error) {
+	return &ledgerLock{fl: flock.New(path)}, nil
+}
+
+// Lock waits for the lock.
+func (l *ledgerLock) Lock() error {
+	l.mu.Lock()
+	if err := l.fl.Lock(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Unlock drops the lock taken by Lock.
+func (l *ledgerLock) Unlock() error {
+	err := l.fl.Unlock()
+	l.mu.Unlock()
+	return err
+}
+
+// Close drops the lock if it is held. It does not wait for a holder in
+// this process (crash calls it mid-batch).
+func (l *ledgerLock) Close() error { return l.fl.Close() }

@@ -50,6 +50,34 @@ type manifest struct {
 	Identity    runIdentity       `json:"identity"` // the create record's data
 	Last        string            `json:"last,omitempty"`
 	LastDone    string            `json:"last_done,omitempty"`
+	// Sum is the hex SHA-256 of the manifest encoded with Sum empty: a
+	// manifest edited by hand, or damaged, is not a snapshot to resume
+	// from (Open replays the ledger instead).
+	Sum string `json:"sum"`
+}
+
+// encode renders m as manifest.json's bytes.
+func (m *manifest) encode() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// sum returns the checksum of m: the hash of its encoding with Sum empty.
+func (m *manifest) sum() (string, error) {
+	saved := m.Sum
+	m.Sum = ""
+	data, err := m.encode()
+	m.Sum = saved
+	if err != nil {
+		return "", err
+	}
+	return lineHash(data), nil
 }
 
 // artifacts lists the outputs of done stages in stage order.
@@ -101,14 +129,12 @@ func (s *state) encodeManifest(now time.Time) ([]byte, error) {
 	for _, k := range slices.Sorted(maps.Keys(s.sessions)) {
 		m.Sessions = append(m.Sessions, s.sessions[k])
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(&m); err != nil {
+	sum, err := m.sum()
+	if err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	m.Sum = sum
+	return m.encode()
 }
 
 // decodeManifest turns manifest.json back into a state. It checks the
@@ -117,6 +143,9 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 	var m manifest
 	if err := json.Unmarshal(data, &m); err != nil {
 		return nil, snapshotPos{}, err
+	}
+	if sum, err := m.sum(); err != nil || sum != m.Sum {
+		return nil, snapshotPos{}, fmt.Errorf("checksum does not match its content (edited by hand, or damaged?)")
 	}
 	if m.Format != FormatVersion {
 		return nil, snapshotPos{}, fmt.Errorf("format %d", m.Format)
@@ -142,6 +171,11 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 		if e == nil || e.Key == "" {
 			return nil, snapshotPos{}, fmt.Errorf("effect without a key")
 		}
+		// manifest.json is indented, and so are the raw JSON values in
+		// it: compact them back to the ledger's bytes, so that a stored
+		// receipt is the same whether Open resumed from the manifest or
+		// replayed the ledger.
+		e.Receipt, e.Request = compactJSON(e.Receipt), compactJSON(e.Request)
 		s.effects[e.Key] = e
 	}
 	for _, ss := range m.Sessions {
@@ -152,5 +186,15 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 	}
 	s.metrics = m.Metrics
 	s.last, s.lastDone = m.Last, m.LastDone
+	s.derive()
 	return s, m.Ledger, nil
+}
+
+// compactJSON returns m without insignificant white space.
+func compactJSON(m json.RawMessage) json.RawMessage {
+	var b bytes.Buffer
+	if len(m) == 0 || json.Compact(&b, m) != nil {
+		return m
+	}
+	return b.Bytes()
 }

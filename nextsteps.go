@@ -1,8 +1,14 @@
 package runstate
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -15,7 +21,7 @@ const nextStepsFile = "logs/next-steps.txt"
 // reflects, so a reader can tell whether it is behind.
 func (s *state) nextSteps() string {
 	var b strings.Builder
-	st := s.status("")
+	b.Grow(1024)
 	fmt.Fprintf(&b, "runstate handoff: run %s, as of ledger seq %d (%s)\n", s.identity.ID, s.pos.seq, s.lastAt().Format(time.RFC3339))
 	fmt.Fprintf(&b, "request:  %s\n", oneLine(s.identity.Request))
 	if s.revision != "" {
@@ -35,15 +41,27 @@ func (s *state) nextSteps() string {
 	}
 	b.WriteString("\n")
 
-	fmt.Fprintf(&b, "progress: %d of %d planned stages done", st.Done, st.Done+st.Remaining)
-	var doneNames []string
+	// One pass over the plan, keeping only the names the page shows: this
+	// runs after every append, so it must not copy the state (Status does).
+	var doneNames, rest shortList
+	next := ""
 	for _, name := range s.plan {
-		if done(s.stages[name].State) {
-			doneNames = append(doneNames, name)
+		switch {
+		case done(s.stages[name].State):
+			doneNames.add(name)
+		case next == "":
+			next = name
+		default:
+			rest.add(name)
 		}
 	}
-	if len(doneNames) > 0 {
-		fmt.Fprintf(&b, " (%s)", abbreviate(doneNames, 8))
+	remaining := rest.n
+	if next != "" {
+		remaining++
+	}
+	fmt.Fprintf(&b, "progress: %d of %d planned stages done", doneNames.n, doneNames.n+remaining)
+	if doneNames.n > 0 {
+		fmt.Fprintf(&b, " (%s)", doneNames)
 	}
 	b.WriteString("\n")
 
@@ -64,32 +82,29 @@ func (s *state) nextSteps() string {
 	}
 
 	switch {
-	case st.Next != "":
-		next := s.stages[st.Next]
-		fmt.Fprintf(&b, "next:     %s (%s)\n", st.Next, describe(next))
+	case next != "":
+		fmt.Fprintf(&b, "next:     %s (%s)\n", next, describe(s.stages[next]))
 	case len(s.plan) == 0:
 		b.WriteString("next:     nothing planned yet: the pipeline calls Plan first\n")
 	default:
 		b.WriteString("next:     nothing: every planned stage is done\n")
 	}
-	if st.Remaining > 1 {
-		var rest []string
-		for _, name := range s.plan {
-			if !done(s.stages[name].State) && name != st.Next {
-				rest = append(rest, name)
-			}
-		}
-		fmt.Fprintf(&b, "then:     %s\n", abbreviate(rest, 8))
+	if rest.n > 0 {
+		fmt.Fprintf(&b, "then:     %s\n", rest)
 	}
 
 	b.WriteString("\n")
-	if len(st.Blockers) == 0 {
+	var blockers []Blocker
+	if s.blocking > 0 {
+		blockers = s.blockers()
+	}
+	if len(blockers) == 0 {
 		b.WriteString("blockers: none\n")
 	} else {
-		fmt.Fprintf(&b, "blockers: %d\n", len(st.Blockers))
-		for i, bl := range st.Blockers {
+		fmt.Fprintf(&b, "blockers: %d\n", len(blockers))
+		for i, bl := range blockers {
 			if i == 10 {
-				fmt.Fprintf(&b, "  ... and %d more: runstate status DIR\n", len(st.Blockers)-i)
+				fmt.Fprintf(&b, "  ... and %d more: runstate status DIR\n", len(blockers)-i)
 				break
 			}
 			what := bl.Stage
@@ -104,6 +119,29 @@ func (s *state) nextSteps() string {
 	b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
 	b.WriteString("          runstate status DIR; runstate log DIR\n")
 	return b.String()
+}
+
+// shortList is a list of stage names as the handoff shows it: the first
+// eight, then how many more, without keeping the rest.
+type shortList struct {
+	names []string
+	n     int
+}
+
+const shortListMax = 8
+
+func (l *shortList) add(name string) {
+	if len(l.names) < shortListMax {
+		l.names = append(l.names, name)
+	}
+	l.n++
+}
+
+func (l shortList) String() string {
+	if l.n <= shortListMax {
+		return strings.Join(l.names, ", ")
+	}
+	return fmt.Sprintf("%s, ... (%d more)", strings.Join(l.names, ", "), l.n-shortListMax)
 }
 
 // describe says in a few words where a stage stands.
@@ -131,24 +169,14 @@ func describe(st *StageStatus) string {
 	return st.State
 }
 
+// lastAt is the time of the latest record about a stage (the run's
+// creation before there is one).
 func (s *state) lastAt() time.Time {
-	var t time.Time
-	for _, st := range s.stages {
-		if st.At.After(t) {
-			t = st.At
-		}
-	}
+	t := s.stageAt
 	if t.IsZero() {
 		t = s.created
 	}
 	return t.UTC()
-}
-
-func abbreviate(names []string, max int) string {
-	if len(names) <= max {
-		return strings.Join(names, ", ")
-	}
-	return fmt.Sprintf("%s, ... (%d more)", strings.Join(names[:max], ", "), len(names)-max)
 }
 
 func oneLine(s string) string {
@@ -157,4 +185,114 @@ func oneLine(s string) string {
 		s = s[:197] + "..."
 	}
 	return s
+}
+
+// handoffDir holds, for each open session, the two files that
+// logs/next-steps.txt is published from: <session>.0 and <session>.1.
+// Close removes them; the next Open removes those of a killed session.
+const handoffDir = "logs/handoff"
+
+// linker is a fileSystem that can make hard links. osFS is one; without
+// it, the handoff is replaced through a new temp file each time.
+type linker interface {
+	Link(oldname, newname string) error
+}
+
+// publishNextSteps replaces logs/next-steps.txt with data, atomically for
+// readers, without creating or deleting a file. It alternates between the
+// session's two handoff files: it rewrites the one that is not published,
+// gives it a second name and renames that over next-steps.txt, whose
+// previous file keeps its handoff name. Creating a file per append
+// (writeAtomic) costs more than the ledger's own write and fsync on some
+// file systems: ext4 allocates an inode (without a journal it skips every
+// inode freed in the last 30 s, reading each), and on a rename over a file
+// it flushes the new file and frees the old one's blocks. A reader that
+// keeps next-steps.txt open across two appends may see the newer text.
+// The caller holds the ledger lock.
+func (r *Run) publishNextSteps(data []byte) error {
+	l, ok := r.fs.(linker)
+	if !ok || r.handoffOff {
+		return writeAtomic(r.fs, r.path(tmpDir), r.session, r.path(nextStepsFile), data, false)
+	}
+	k := r.handoffNext
+	buf := r.path(handoffDir + "/" + r.session + "." + strconv.Itoa(k))
+	if err := r.writeHandoff(k, buf, data); err != nil {
+		return err
+	}
+	pub := r.path(handoffDir + "/" + r.session + ".new")
+	err := l.Link(buf, pub)
+	if errors.Is(err, fs.ErrExist) { // left by a failed rename
+		_ = r.fs.Remove(pub)
+		err = l.Link(buf, pub)
+	}
+	if err != nil {
+		// No hard links here (FAT, some network file systems): replace
+		// through temp files from now on.
+		r.handoffOff = true
+		r.log.Debug("runstate: no hard links for the handoff; writing it through temp files", "err", err)
+		return writeAtomic(r.fs, r.path(tmpDir), r.session, r.path(nextStepsFile), data, false)
+	}
+	if err := r.fs.Rename(pub, r.path(nextStepsFile)); err != nil {
+		_ = r.fs.Remove(pub)
+		return err
+	}
+	r.handoffNext ^= 1
+	return nil
+}
+
+// writeHandoff rewrites handoff file k in place. Where it can (not on
+// Windows, where a rename over an open file fails), it keeps the file
+// open for the next time.
+func (r *Run) writeHandoff(k int, path string, data []byte) error {
+	r.handoffMu.Lock()
+	defer r.handoffMu.Unlock()
+	if f := r.handoff[k]; f != nil {
+		_, err := f.(io.WriterAt).WriteAt(data, 0)
+		if err == nil {
+			err = f.Truncate(int64(len(data)))
+		}
+		return err
+	}
+	f, err := r.fs.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Truncate(int64(len(data)))
+	}
+	if _, ok := f.(io.WriterAt); ok && err == nil && runtime.GOOS != "windows" {
+		r.handoff[k] = f
+		return nil
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// removeHandoff removes this session's handoff files; next-steps.txt keeps
+// the one it names. A second call does nothing.
+func (r *Run) removeHandoff() {
+	for _, suffix := range []string{".0", ".1", ".new"} {
+		_ = r.fs.Remove(r.path(handoffDir + "/" + r.session + suffix))
+	}
+}
+
+// closeFiles closes the files a session keeps open besides the ledger: the
+// writers' lock file and the handoff files. It does not wait for a batch
+// in progress (crash calls it in the middle of one, as a killed process's
+// exit would), only for a handoff file being written.
+func (r *Run) closeFiles() {
+	if r.lock != nil {
+		r.lock.Close()
+	}
+	r.handoffMu.Lock()
+	defer r.handoffMu.Unlock()
+	for k, f := range r.handoff {
+		if f != nil {
+			f.Close()
+			r.handoff[k] = nil
+		}
+	}
 }

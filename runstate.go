@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -78,13 +79,20 @@ type Run struct {
 	session string
 	root    *os.Root // the run directory, for outputs: no path escapes it
 
-	lock    *flock.Flock // logs/ledger.lock, taken for every append batch
+	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
 	ledger  file         // logs/ledger.jsonl, opened for append and read
 
 	// stMu guards st. The group-commit leader holds it for a whole batch.
 	stMu sync.RWMutex
 	st   *state
+
+	// Under the ledger lock: which handoff file publishNextSteps writes
+	// next, and whether hard links failed here.
+	handoffNext int
+	handoffOff  bool
+	handoffMu   sync.Mutex // guards handoff (closeFiles may run mid-batch)
+	handoff     [2]file    // the handoff files, kept open where possible
 
 	// mu guards the fields below it.
 	mu       sync.Mutex
@@ -157,7 +165,7 @@ func (r *Run) open() error {
 	} else if err != nil && !isNotExist(err) {
 		return fmt.Errorf("runstate: cannot use %s: %w", r.dir, err)
 	}
-	for _, d := range []string{sessionsDir, tmpDir} {
+	for _, d := range []string{sessionsDir, tmpDir, handoffDir} {
 		if err := r.fs.MkdirAll(r.path(d), 0o755); err != nil {
 			return fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", r.path(d), err)
 		}
@@ -168,7 +176,10 @@ func (r *Run) open() error {
 	}
 	r.root = root
 
-	r.lock = flock.New(r.path(lockFile))
+	r.lock, err = openLedgerLock(r.path(lockFile))
+	if err != nil {
+		return fmt.Errorf("runstate: open %s: %w", r.path(lockFile), err)
+	}
 	if err := r.lock.Lock(); err != nil {
 		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
 	}
@@ -218,11 +229,31 @@ func (r *Run) open() error {
 		return err
 	}
 	r.cleanStale()
+	gone := map[string]bool{}
 	for _, name := range st.stageNames() {
 		s := st.stages[name]
 		if s.State == StateRunning && !r.alive(s.Session) {
 			recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: s.Attempt,
 				Reason: "session " + s.Session + " is gone"})
+			gone[s.Session] = true
+		}
+	}
+	// A session that died between stages left no begin to interrupt; say
+	// it is gone, so it leaves the list of open sessions.
+	for _, id := range slices.Sorted(maps.Keys(st.sessions)) {
+		if !gone[id] && !r.alive(id) {
+			data, _ := json.Marshal(sessionGone{Session: id})
+			recs = append(recs, &Record{Ev: evInterrupted, Reason: "session " + id + " is gone", Data: data})
+		}
+	}
+	// An intent whose session died without a confirmation is ambiguous:
+	// say so now, so that Status, the metrics and next-steps.txt show it
+	// before the next Effect call asks Check.
+	for _, key := range slices.Sorted(maps.Keys(st.effects)) {
+		e := st.effects[key]
+		if e.State == EffectIntent && !r.alive(e.Session) {
+			recs = append(recs, &Record{Ev: evUnconfirmed, Key: key,
+				Error: "session " + e.Session + " died between the intent and a confirmation: Check, or a person, must say whether it landed"})
 		}
 	}
 	host, _ := os.Hostname()
@@ -234,6 +265,16 @@ func (r *Run) open() error {
 	r.apply([]*tx{t})
 	if t.err != nil {
 		return t.err
+	}
+	if t.sync && !r.opts.NoSync {
+		// A new run: make the names of the ledger, of logs/ and of the
+		// run directory durable too, or a power loss could drop the whole
+		// run although its create record was fsync'd.
+		for _, d := range []string{r.path("logs"), r.dir, filepath.Dir(filepath.Clean(r.dir))} {
+			if err := r.fs.SyncDir(d); err != nil {
+				return &WriteError{Path: d, Op: "sync", Err: err}
+			}
+		}
 	}
 	_ = fromSnapshot
 	r.writeManifest()
@@ -304,6 +345,13 @@ func (r *Run) cleanStale() {
 			if err := r.fs.Remove(r.path(tmpDir + "/" + e.Name())); err == nil {
 				r.log.Info("runstate: removed a temp file left by a killed write", "file", r.path(tmpDir+"/"+e.Name()))
 			}
+		}
+	}
+	// The handoff files of killed sessions (see publishNextSteps).
+	ents, _ = r.fs.ReadDir(r.path(handoffDir))
+	for _, e := range ents {
+		if id := e.Name(); len(id) < 36 || !live[id[:36]] {
+			_ = r.fs.Remove(r.path(handoffDir + "/" + e.Name()))
 		}
 	}
 }
@@ -407,6 +455,9 @@ type tx struct {
 	recs []*Record
 	err  error
 	done chan struct{}
+	// released: done was closed early, once the records were written
+	// (a transaction without sync, in a batch that waits for an fsync).
+	released bool
 }
 
 // commit runs fn under the ledger lock on the current state and appends the
@@ -468,7 +519,9 @@ func (r *Run) runBatch(batch []*tx) {
 	}
 	r.apply(batch)
 	for _, t := range batch {
-		close(t.done)
+		if !t.released {
+			close(t.done)
+		}
 	}
 }
 
@@ -536,7 +589,9 @@ func (r *Run) apply(batch []*tx) {
 	lp := r.path(ledgerFile)
 	failAll := func(err error) {
 		for _, t := range ok {
-			t.err, t.recs = err, nil
+			if !t.released {
+				t.err, t.recs = err, nil
+			}
 		}
 	}
 	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
@@ -552,14 +607,36 @@ func (r *Run) apply(batch []*tx) {
 		return
 	}
 	if sync && !r.opts.NoSync {
-		if err := r.ledger.Sync(); err != nil {
+		// A transaction that asked for no fsync (a begin) is done once
+		// its records are written: let it go on while the batch waits
+		// for the disk. Readers of the state (Status, Begin's look at a
+		// stage's outputs) may come in meanwhile too; only a batch
+		// leader, which holds the ledger lock, changes the state.
+		for _, t := range ok {
+			if !t.sync && t.done != nil {
+				t.released = true
+				close(t.done)
+			}
+		}
+		r.stMu.Unlock()
+		err := r.ledger.Sync()
+		r.stMu.Lock()
+		if err != nil {
 			werr := &WriteError{Path: lp, Op: "sync", Sticky: true, Err: err}
 			r.setSticky(werr)
 			failAll(werr)
 			return
 		}
 	}
+	if err := r.hitBatch(hookAfterComplete, ok); err != nil {
+		failAll(err)
+		return
+	}
 	r.writeNextSteps()
+	if err := r.hitBatch(hookBetweenProjections, ok); err != nil {
+		failAll(err)
+		return
+	}
 	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.opts.ManifestInterval {
 		r.writeManifest()
 	}
@@ -598,7 +675,7 @@ func (r *Run) manifestAt() time.Time {
 // caller holds the ledger lock, so the newest one wins.
 func (r *Run) writeNextSteps() {
 	p := r.path(nextStepsFile)
-	if err := writeAtomic(r.fs, r.path(tmpDir), r.session, p, []byte(r.st.nextSteps()), false); err != nil {
+	if err := r.publishNextSteps([]byte(r.st.nextSteps())); err != nil {
 		r.log.Warn("runstate: cannot write the handoff; the next Open rebuilds it", "file", p, "err", err)
 	}
 }
@@ -695,15 +772,21 @@ func (r *Run) Close() error {
 			return []*Record{{Ev: evClose, Data: data}}, nil
 		})
 		if err == nil && r.lock.Lock() == nil {
-			r.stMu.RLock()
-			r.writeManifest()
-			r.stMu.RUnlock()
+			r.stMu.Lock()
+			// Another process may have appended since the close record:
+			// catch up, so that an older manifest never replaces a newer one.
+			if r.catchUp() == nil {
+				r.writeManifest()
+			}
+			r.removeHandoff()
+			r.stMu.Unlock()
 			r.lock.Unlock()
 		}
 	}
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.removeHandoff()
 	r.release()
 	return err
 }
@@ -724,6 +807,7 @@ func (r *Run) release() {
 	if r.root != nil {
 		r.root.Close()
 	}
+	r.closeFiles()
 }
 
 // Crash abandons the Run the way a killed process would: no close record,
@@ -742,11 +826,5 @@ func (r *Run) crash() {
 	if r.root != nil {
 		r.root.Close()
 	}
+	r.closeFiles()
 }
-
-// errorf wraps a sentinel with the run directory for context.
-func (r *Run) errorf(sentinel error, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", sentinel, r.dir, fmt.Sprintf(format, args...))
-}
-
-var _ = errors.Is

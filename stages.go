@@ -133,12 +133,19 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			ev.validFor = in.validFor
 			continue
 		}
+		if !utf8.ValidString(in.name) {
+			// Recorded altered, it would never match again after a resume.
+			return nil, fmt.Errorf("%w: input name %q is not valid UTF-8", ErrInvalid, in.name)
+		}
 		if _, dup := ev.inputs[in.name]; dup || in.kind == inputAfter && slices.Contains(ev.after, strings.TrimPrefix(in.name, "after:")) {
 			return nil, fmt.Errorf("%w: input %q given twice", ErrInvalid, in.name)
 		}
 		switch in.kind {
 		case inputFile:
 			fp, err := hashFile(in.name)
+			if isNotExist(err) {
+				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path)", in.name, err)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
 			}
@@ -169,15 +176,15 @@ func hashFile(p string) (string, error) {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// afterFingerprint is the fingerprint of a done stage's evidence and
-// outputs: it changes when the stage is redone with other results.
+// afterFingerprint is the fingerprint of a done stage's outputs: it changes
+// when the stage is redone with other results, and only then. A stage
+// redone (its inputs changed, or an operator invalidated it) that produces
+// the same outputs does not redo the stages after it (DESIGN: After is
+// "that stage's output hashes"; Bazel calls this early cutoff).
 func afterFingerprint(st *StageStatus) string {
 	var b strings.Builder
 	for _, o := range st.Outputs {
 		fmt.Fprintf(&b, "out %s %s %d\n", o.Path, o.SHA256, o.Size)
-	}
-	for _, k := range slices.Sorted(maps.Keys(st.Inputs)) {
-		fmt.Fprintf(&b, "in %s %s\n", k, st.Inputs[k])
 	}
 	fmt.Fprintf(&b, "state %s\n", st.State)
 	return fingerprint([]byte(b.String()))
@@ -368,6 +375,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if err != nil {
 			return nil, err
 		}
+		if err := r.hit(hookAfterBegin, name); err != nil {
+			return nil, err
+		}
 		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}}, nil
 	}
 }
@@ -403,6 +413,11 @@ func (st *Stage) Run() *Run { return st.run }
 func (r *Run) rel(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
+	}
+	if !utf8.ValidString(p) {
+		// The ledger would record it altered (JSON), and a later session
+		// would find the output missing and redo the stage every time.
+		return "", fmt.Errorf("%w: output path %q is not valid UTF-8", ErrInvalid, p)
 	}
 	if filepath.IsAbs(p) {
 		abs, err := filepath.Abs(r.dir)
@@ -460,11 +475,6 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 // that leads out of the run directory is refused.
 func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	native := filepath.FromSlash(rel)
-	if dir := filepath.Dir(native); dir != "." {
-		if err := r.root.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("runstate: output %s: %w", rel, err)
-		}
-	}
 	tmp := filepath.Join(filepath.FromSlash(tmpDir), r.session+"-"+randomHex(8))
 	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
@@ -482,7 +492,15 @@ func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	if err = f.Close(); err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
-	if err = r.root.Rename(tmp, native); err != nil {
+	err = r.root.Rename(tmp, native)
+	if dir := filepath.Dir(native); err != nil && dir != "." && errors.Is(err, fs.ErrNotExist) {
+		// The directory is made only when it is missing: a checkpoint
+		// spends no system call on one that exists.
+		if err = r.root.MkdirAll(dir, 0o755); err == nil {
+			err = r.root.Rename(tmp, native)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
 	return nil
@@ -499,6 +517,12 @@ func (st *Stage) Output(path string) error {
 	rel, err := st.run.rel(path)
 	if err != nil {
 		return err
+	}
+	// Refuse now, not only at Complete, a path that leads out of the run
+	// directory through a symbolic link (the file itself, or a directory
+	// on the way). A file that does not exist yet is checked at Complete.
+	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
+		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
 	if !slices.Contains(st.declared, rel) {
 		st.declared = append(st.declared, rel)

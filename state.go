@@ -31,6 +31,12 @@ type closeData struct {
 	Deduplicated int `json:"deduplicated,omitempty"` // Effect returned a stored receipt
 }
 
+// sessionGone is the data of an interrupted record with no stage: a
+// session that died between stages.
+type sessionGone struct {
+	Session string `json:"session"`
+}
+
 // Stage states, as Status and manifest.json report them.
 const (
 	StatePending     = "pending"     // planned or invalidated; may begin
@@ -147,6 +153,11 @@ type state struct {
 	last     string // stage of the last begin (for Flow)
 	lastDone string // stage of the last complete or skip
 	metrics  Metrics
+
+	// Kept up to date by apply (and derive), so that the handoff, written
+	// after every append, need not look at every stage.
+	blocking int       // stages and effects that blockers lists
+	stageAt  time.Time // the latest At of any stage
 }
 
 func newState() *state {
@@ -170,6 +181,8 @@ func (s *state) stage(name string) *StageStatus {
 // already checked the chain, and a record this version does not know is
 // skipped (forward compatible).
 func (s *state) apply(r *Record) {
+	before := s.blocks(r)
+	defer func() { s.blocking += s.blocks(r) - before }()
 	if r.Session != "" && r.Ev != evOpen && r.Ev != evClose {
 		if ss := s.sessions[r.Session]; ss != nil && !ss.Working {
 			ss.Working = true
@@ -194,8 +207,14 @@ func (s *state) apply(r *Record) {
 			s.metrics.ResumedSessions++
 		}
 		s.sessions[r.Session] = &SessionStatus{ID: r.Session, PID: d.PID, Host: d.Host, At: r.At}
-		s.revision = d.Revision
-		s.env = d.Environment
+		// A session that names no revision or environment (a tool, an
+		// operator's command) leaves the run's as they were.
+		if d.Revision != "" {
+			s.revision = d.Revision
+		}
+		if d.Environment != nil {
+			s.env = d.Environment
+		}
 	case evClose:
 		var d closeData
 		_ = json.Unmarshal(r.Data, &d)
@@ -273,6 +292,12 @@ func (s *state) apply(r *Record) {
 		st.Reason = "approved by " + r.By
 		st.Error, st.Class = "", ""
 	case evInterrupted:
+		if r.Stage == "" {
+			var d sessionGone
+			_ = json.Unmarshal(r.Data, &d)
+			delete(s.sessions, d.Session)
+			break
+		}
 		st := s.stage(r.Stage)
 		if st.State == StateRunning {
 			st.State = StateInterrupted
@@ -342,9 +367,49 @@ func (s *state) apply(r *Record) {
 	}
 	if st := s.stages[r.Stage]; st != nil && r.Stage != "" {
 		st.Seq, st.At = r.Seq, r.At
+		if r.At.After(s.stageAt) {
+			s.stageAt = r.At
+		}
 	}
 	if e := s.effects[r.Key]; e != nil && r.Key != "" {
 		e.Seq, e.At = r.Seq, r.At
+	}
+}
+
+// blocks counts what blockers would list of the stage and the effect that
+// r is about: apply touches no other.
+func (s *state) blocks(r *Record) int {
+	n := 0
+	if st := s.stages[r.Stage]; st != nil && blocked(st.State) {
+		n++
+	}
+	if e := s.effects[r.Key]; e != nil && e.State == EffectUnconfirmed {
+		n++
+	}
+	return n
+}
+
+// blocked reports whether blockers lists a stage in this state.
+func blocked(state string) bool {
+	return state == StateAwaiting || state == StateFatal || state == StateInterrupted
+}
+
+// derive sets what apply keeps up to date, for a state that was not built
+// by apply (decodeManifest).
+func (s *state) derive() {
+	s.blocking, s.stageAt = 0, time.Time{}
+	for _, st := range s.stages {
+		if blocked(st.State) {
+			s.blocking++
+		}
+		if st.At.After(s.stageAt) {
+			s.stageAt = st.At
+		}
+	}
+	for _, e := range s.effects {
+		if e.State == EffectUnconfirmed {
+			s.blocking++
+		}
 	}
 }
 

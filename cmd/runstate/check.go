@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/runstate/runstate"
+)
+
+var verifyCmd = &command{
+	name:     "verify",
+	synopsis: "[-json] DIR",
+	short:    "check everything: hash chain, torn tail, artifacts, projections",
+	long: `Verify checks the whole run in DIR without trusting any snapshot: every
+ledger line (JSON, seq without gaps, the prev hash chain), a torn last line,
+every artifact of a done stage against its recorded SHA-256 and size, and
+whether manifest.json and logs/next-steps.txt reflect the ledger. It takes no
+lock and writes nothing.
+
+Each problem names the file, and for the ledger the line and byte offset,
+and says what to do. Exit status 0 only when everything holds, 1 otherwise.
+While a session is writing, the projections may lag the ledger by a few
+records: verify says so (run it again once the session has closed).
+
+With -json it prints one JSON object: {"dir", "records", "bytes",
+"problems": [{"file", "line", "offset", "what", "fix"}], "ok"}; records and
+bytes count the ledger that checked out.`,
+	min: 1, max: 1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(c *cli, args []string) int { return c.verify(args[0], *asJSON) }
+	},
+}
+
+type verifyJSON struct {
+	*runstate.Report
+	OK bool `json:"ok"`
+}
+
+func (c *cli) verify(dir string, asJSON bool) int {
+	rep, err := runstate.Verify(dir)
+	if err != nil {
+		return c.fail(err)
+	}
+	code := exitOK
+	if !rep.OK() {
+		code = exitFail
+	}
+	if asJSON {
+		if err := writeJSON(c.out, verifyJSON{Report: rep, OK: rep.OK()}); err != nil {
+			return c.fail(err)
+		}
+		return code
+	}
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	if rep.OK() {
+		fmt.Fprintf(w, "ok: %s: %d records (%d bytes) check out, every artifact matches its hash, manifest.json and logs/next-steps.txt are current\n",
+			dir, rep.Records, rep.Bytes)
+		return code
+	}
+	for _, p := range rep.Problems {
+		where := p.File
+		if p.Line > 0 {
+			where += fmt.Sprintf(" line %d (byte %d)", p.Line, p.Offset)
+		}
+		fmt.Fprintf(w, "problem: %s: %s\n", where, p.What)
+		if p.Fix != "" {
+			fmt.Fprintf(w, "    fix: %s\n", p.Fix)
+		}
+	}
+	fmt.Fprintf(w, "FAILED: %s: %d problem(s); %d ledger records (%d bytes) check out\n", dir, len(rep.Problems), rep.Records, rep.Bytes)
+	return code
+}
+
+var nextCmd = &command{
+	name:     "next",
+	synopsis: "[-json] DIR",
+	short:    "the handoff a fresh session reads first",
+	long: `Next prints the handoff of the run in DIR: logs/next-steps.txt when it
+reflects the ledger, or, when that file is behind the ledger or missing, the
+same text rebuilt in memory from the ledger (a note on standard error says
+so). It takes no lock and writes nothing.
+
+With -json it prints one JSON object: {"dir", "seq" (the ledger's),
+"file_seq" (the file's; 0 when unreadable), "rebuilt" (bool), "text"}.`,
+	min: 1, max: 1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(c *cli, args []string) int { return c.next(args[0], *asJSON) }
+	},
+}
+
+type nextJSON struct {
+	Dir     string `json:"dir"`
+	Seq     int64  `json:"seq"`
+	FileSeq int64  `json:"file_seq"`
+	Rebuilt bool   `json:"rebuilt"`
+	Text    string `json:"text"`
+}
+
+func (c *cli) next(dir string, asJSON bool) int {
+	p := filepath.Join(dir, "logs", "next-steps.txt")
+	data, ferr := os.ReadFile(p)
+	var fileSeq int64
+	if ferr == nil {
+		fileSeq, ferr = handoffSeq(string(data))
+	}
+	st, err := runstate.Inspect(dir)
+	if err != nil {
+		return c.fail(err)
+	}
+	out := nextJSON{Dir: dir, Seq: st.Seq, FileSeq: fileSeq, Text: string(data)}
+	if ferr != nil || fileSeq != st.Seq {
+		text, err := runstate.NextSteps(dir)
+		if err != nil {
+			return c.fail(err)
+		}
+		out.Text, out.Rebuilt = text, true
+		if seq, err := handoffSeq(text); err == nil {
+			out.Seq = seq
+		}
+		why := fmt.Sprintf("it reflects seq %d, the ledger is at seq %d", fileSeq, out.Seq)
+		if ferr != nil {
+			why = ferr.Error()
+		}
+		fmt.Fprintf(c.err, "runstate: %s does not match the ledger (%s): showing the handoff rebuilt from the ledger\n", p, why)
+	}
+	if asJSON {
+		if err := writeJSON(c.out, out); err != nil {
+			return c.fail(err)
+		}
+		return exitOK
+	}
+	if _, err := fmt.Fprint(c.out, out.Text); err != nil {
+		return c.fail(err)
+	}
+	return exitOK
+}
+
+var metricsCmd = &command{
+	name:     "metrics",
+	synopsis: "[-json] DIR...",
+	short:    "resumption metrics of one run, or summed over several",
+	long: `Metrics prints the figures that say whether resuming works, derived from
+the ledger of each run given, and summed when several are given:
+
+  sessions, resumed sessions     sessions that opened the run / an existing run
+  interrupted attempts           stage attempts whose session died (recovery)
+  skipped on resume              done stages a resumed session did not redo
+  duplicated work                stages redone although their evidence held (want 0)
+  stale rejections               stages redone because their evidence changed
+  operator invalidations, failures
+  effects deduplicated           side effects not sent again (stored receipt or Check)
+  effects duplicated             side effects sent twice (want 0)
+  effects unconfirmed            side effects whose outcome a person must settle
+  time to handoff                longest time from a resumed session's open to
+                                 its first record of work (the maximum over runs)
+
+It takes no lock and writes nothing. Exit status 1 when a run cannot be
+read (nothing is printed then).
+
+With -json it prints one JSON object: {"runs": [{"dir", "id", "seq",
+"metrics"}], "total": metrics}, where metrics is the library's
+runstate.Metrics (sessions, resumed_sessions, interrupted,
+skipped_on_resume, duplicated_work, stale_rejections, invalidations,
+failures, effects_deduplicated, effects_duplicated, effects_unconfirmed,
+time_to_first_record_ns).`,
+	min: 1, max: -1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(c *cli, args []string) int { return c.metrics(args, *asJSON) }
+	},
+}
+
+type runMetrics struct {
+	Dir     string           `json:"dir"`
+	ID      string           `json:"id"`
+	Seq     int64            `json:"seq"`
+	Metrics runstate.Metrics `json:"metrics"`
+}
+
+type metricsJSON struct {
+	Runs  []runMetrics     `json:"runs"`
+	Total runstate.Metrics `json:"total"`
+}
+
+func (c *cli) metrics(dirs []string, asJSON bool) int {
+	out := metricsJSON{Runs: []runMetrics{}}
+	failed := false
+	for _, dir := range dirs {
+		st, err := runstate.Inspect(dir)
+		if err != nil {
+			c.fail(err)
+			failed = true
+			continue
+		}
+		out.Runs = append(out.Runs, runMetrics{Dir: dir, ID: st.ID, Seq: st.Seq, Metrics: st.Metrics})
+		m, t := st.Metrics, &out.Total
+		t.Sessions += m.Sessions
+		t.ResumedSessions += m.ResumedSessions
+		t.Interrupted += m.Interrupted
+		t.SkippedOnResume += m.SkippedOnResume
+		t.DuplicatedWork += m.DuplicatedWork
+		t.StaleRejections += m.StaleRejections
+		t.Invalidations += m.Invalidations
+		t.Failures += m.Failures
+		t.EffectsDeduplicated += m.EffectsDeduplicated
+		t.EffectsDuplicated += m.EffectsDuplicated
+		t.EffectsUnconfirmed += m.EffectsUnconfirmed
+		t.TimeToFirstRecord = max(t.TimeToFirstRecord, m.TimeToFirstRecord)
+	}
+	if failed {
+		return exitFail
+	}
+	if asJSON {
+		if err := writeJSON(c.out, out); err != nil {
+			return c.fail(err)
+		}
+		return exitOK
+	}
+	t := out.Total
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	rows := []struct {
+		name string
+		v    int
+		note string
+	}{
+		{"runs", len(out.Runs), ""},
+		{"sessions", t.Sessions, ""},
+		{"resumed sessions", t.ResumedSessions, ""},
+		{"interrupted attempts", t.Interrupted, "recovered by a later session"},
+		{"skipped on resume", t.SkippedOnResume, "done work not redone"},
+		{"duplicated work", t.DuplicatedWork, "want 0"},
+		{"stale rejections", t.StaleRejections, "redone: evidence changed, outputs altered, or expired"},
+		{"invalidations", t.Invalidations, "by an operator"},
+		{"failures", t.Failures, ""},
+		{"effects deduplicated", t.EffectsDeduplicated, "not sent again"},
+		{"effects duplicated", t.EffectsDuplicated, "want 0"},
+		{"effects unconfirmed", t.EffectsUnconfirmed, "a person must resolve them"},
+	}
+	for _, r := range rows {
+		line := fmt.Sprintf("%-22s %6d", r.name, r.v)
+		if r.note != "" {
+			line += "  " + r.note
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "%-22s %6s  longest, open to first record of a resumed session\n", "time to handoff", t.TimeToFirstRecord.Round(time.Millisecond/10))
+	return exitOK
+}

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runstate/runstate"
+)
+
+var logCmd = &command{
+	name:     "log",
+	synopsis: "[-stage S] [-since SEQ] [-follow] [-json] DIR",
+	short:    "the ledger, one readable line a record; -follow tails it",
+	long: `Log prints the ledger of the run in DIR, one line a record:
+
+  SEQ  TIME (UTC)  SESSION  EV  STAGE#ATTEMPT or KEY  what happened
+
+SESSION is the last 8 hex digits of the session id. The rest of the line
+summarizes the record: the reason, the error, the outputs, who approved.
+The whole hash chain is checked as it is read; a torn last line (a writer
+died mid-append) is not shown. A damaged ledger stops the log with an error
+naming the line and byte offset (exit 1).
+
+-follow keeps printing records as other processes append them (it polls the
+file's size) until it is interrupted (SIGINT, Ctrl-C), then exits 0.
+
+With -json each record is printed as one JSON object a line, in the
+ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
+key, class, error, reason, note, by, data, prev).`,
+	min: 1, max: 1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		var o logOptions
+		fs.StringVar(&o.stage, "stage", "", "only the records of stage `S`")
+		fs.Int64Var(&o.since, "since", 0, "only the records after seq `SEQ` (seq > SEQ)")
+		fs.BoolVar(&o.follow, "follow", false, "keep printing records as they are appended, until interrupted")
+		fs.BoolVar(&o.json, "json", false, "print each record as JSON, one a line")
+		return func(c *cli, args []string) int { return c.log(args[0], o) }
+	},
+}
+
+type logOptions struct {
+	stage  string
+	since  int64
+	follow bool
+	json   bool
+}
+
+// pollEvery is how often -follow looks at the ledger's size.
+const pollEvery = 100 * time.Millisecond
+
+func (c *cli) log(dir string, o logOptions) int {
+	if o.since < 0 {
+		return c.usageError("log", "-since must not be negative")
+	}
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	show := func(r *runstate.Record) error {
+		if r.Seq <= o.since || (o.stage != "" && r.Stage != o.stage) {
+			return nil
+		}
+		if o.json {
+			return writeRecordJSON(w, r)
+		}
+		_, err := fmt.Fprintln(w, formatRecord(r))
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
+		return c.fail(fmt.Errorf("%s is not a run directory: %w", dir, err))
+	}
+	var n int64
+	err := runstate.ReadLedger(dir, func(r *runstate.Record) error {
+		n = r.Seq
+		return show(r)
+	})
+	if err != nil {
+		w.Flush()
+		return c.fail(err)
+	}
+	if !o.follow {
+		return exitOK
+	}
+	if err := w.Flush(); err != nil {
+		return c.fail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	t, err := newTail(filepath.Join(dir, "logs", "ledger.jsonl"), n)
+	if err != nil {
+		return c.fail(err)
+	}
+	defer t.f.Close()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		if err := t.poll(show); err != nil {
+			w.Flush()
+			return c.fail(err)
+		}
+		if err := w.Flush(); err != nil {
+			return c.fail(err)
+		}
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-tick.C:
+		}
+	}
+}
+
+// tail follows a ledger as writers append to it. It checks that each new
+// record continues the chain (seq + 1, prev = hash of the line before),
+// and waits on a last line that is incomplete or does not parse: that is a
+// write in progress, or a torn tail the next writer cuts.
+type tail struct {
+	f      *os.File
+	path   string
+	seq    int64  // last record shown
+	hash   string // chain hash of its line
+	offset int64  // just past its '\n'
+}
+
+// newTail starts after line seq of the ledger at path.
+func newTail(path string, seq int64) (*tail, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	t := &tail{f: f, path: path}
+	br := bufio.NewReaderSize(f, 256<<10)
+	for t.seq < seq {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("runstate: %s: cannot find the end of line %d: %v", path, t.seq+1, err)
+		}
+		t.seq++
+		t.offset += int64(len(line))
+		t.hash = lineHash(line[:len(line)-1])
+	}
+	return t, nil
+}
+
+// poll reads what was appended since the last call and shows each new
+// record.
+func (t *tail) poll(show func(*runstate.Record) error) error {
+	fi, err := t.f.Stat()
+	if err != nil {
+		return fmt.Errorf("runstate: stat %s: %w", t.path, err)
+	}
+	size := fi.Size()
+	if size < t.offset {
+		return fmt.Errorf("runstate: %s shrank to %d bytes, below the %d already shown: it was cut (runstate repair?); run 'runstate log' again", t.path, size, t.offset)
+	}
+	if size == t.offset {
+		return nil
+	}
+	buf := make([]byte, size-t.offset)
+	if _, err := t.f.ReadAt(buf, t.offset); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("runstate: read %s: %w", t.path, err)
+	}
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			return nil // a write in progress, or a torn tail: wait
+		}
+		body := buf[:i]
+		var r runstate.Record
+		if err := json.Unmarshal(body, &r); err != nil || r.Seq == 0 || r.Ev == "" {
+			if bytes.IndexByte(buf[i+1:], '\n') < 0 {
+				return nil // a bad last line is a torn tail: the next writer cuts it
+			}
+			return fmt.Errorf("runstate: %s line %d (byte %d): not a ledger record, and more lines follow it: the ledger is damaged; run 'runstate verify'", t.path, t.seq+1, t.offset)
+		}
+		if r.Seq != t.seq+1 || r.Prev != t.hash {
+			return fmt.Errorf("runstate: %s line %d (byte %d): seq %d does not continue the hash chain after seq %d: the ledger is damaged; run 'runstate verify'", t.path, t.seq+1, t.offset, r.Seq, t.seq)
+		}
+		if err := show(&r); err != nil {
+			return err
+		}
+		t.seq, t.hash = r.Seq, lineHash(body)
+		t.offset += int64(i + 1)
+		buf = buf[i+1:]
+	}
+}
+
+func lineHash(line []byte) string {
+	h := sha256.Sum256(line)
+	return hex.EncodeToString(h[:])
+}
+
+func writeRecordJSON(w io.Writer, r *runstate.Record) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(r)
+}
+
+// formatRecord renders one record as a log line.
+func formatRecord(r *runstate.Record) string {
+	subject := r.Stage
+	if r.Stage != "" && r.Attempt > 0 {
+		subject += fmt.Sprintf("#%d", r.Attempt)
+	}
+	if r.Key != "" {
+		if subject != "" {
+			subject += " "
+		}
+		subject += "key " + r.Key
+	}
+	if subject == "" {
+		subject = "-"
+	}
+	return strings.TrimRight(fmt.Sprintf("%6d  %s  %-8s  %-11s  %-18s  %s",
+		r.Seq, r.At.UTC().Format("2006-01-02T15:04:05.000Z"), short(r.Session), r.Ev, subject, summary(r)), " ")
+}
+
+// summary says in a few words what a record holds.
+func summary(r *runstate.Record) string {
+	var parts []string
+	add := func(format string, args ...any) { parts = append(parts, fmt.Sprintf(format, args...)) }
+	switch r.Ev {
+	case "create":
+		var d struct {
+			ID       string `json:"id"`
+			Request  string `json:"request"`
+			Revision string `json:"revision"`
+			Format   int    `json:"format"`
+		}
+		_ = json.Unmarshal(r.Data, &d)
+		add("run %s, request %q", d.ID, oneLine(d.Request, 80))
+		if d.Revision != "" {
+			add("revision %s", d.Revision)
+		}
+		add("format %d", d.Format)
+	case "open":
+		var d struct {
+			PID      int    `json:"pid"`
+			Host     string `json:"host"`
+			Revision string `json:"revision"`
+		}
+		_ = json.Unmarshal(r.Data, &d)
+		add("pid %d on %s", d.PID, d.Host)
+		if d.Revision != "" {
+			add("revision %s", d.Revision)
+		}
+	case "close":
+		var d struct {
+			Skipped      int `json:"skipped"`
+			Deduplicated int `json:"deduplicated"`
+		}
+		_ = json.Unmarshal(r.Data, &d)
+		if d.Skipped > 0 {
+			add("%d done stages skipped", d.Skipped)
+		}
+		if d.Deduplicated > 0 {
+			add("%d effects deduplicated", d.Deduplicated)
+		}
+	case "plan":
+		var names []string
+		_ = json.Unmarshal(r.Data, &names)
+		add("%s", oneLine(strings.Join(names, ", "), 120))
+	case "begin":
+		if len(r.Inputs) > 0 {
+			names := make([]string, 0, len(r.Inputs))
+			for k := range r.Inputs {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			add("inputs %s", oneLine(strings.Join(names, ", "), 100))
+		}
+	case "intent":
+		if len(r.Data) > 0 {
+			add("request %s", oneLine(string(r.Data), 80))
+		}
+	case "confirm":
+		add("receipt %s", oneLine(string(r.Data), 80))
+	case "resolve":
+		add("not sent")
+	}
+	if r.Class != "" && r.Ev == "fail" {
+		add("%s", r.Class)
+	}
+	if r.Error != "" {
+		add("error: %s", oneLine(r.Error, 120))
+	}
+	if r.Reason != "" && r.Ev != "intent" && r.Ev != "unconfirmed" {
+		add("%s", oneLine(r.Reason, 120))
+	}
+	if len(r.Outputs) > 0 {
+		o := r.Outputs[0]
+		s := fmt.Sprintf("-> %s (sha256:%.12s, %d B)", o.Path, o.SHA256, o.Size)
+		if len(r.Outputs) > 1 {
+			s += fmt.Sprintf(" +%d more", len(r.Outputs)-1)
+		}
+		add("%s", s)
+	}
+	if r.By != "" {
+		add("by %s", r.By)
+	}
+	if r.Note != "" {
+		add("note: %s", oneLine(r.Note, 120))
+	}
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gofrs/flock"
+	"github.com/runstate/runstate"
+)
+
+var statusCmd = &command{
+	name:     "status",
+	synopsis: "[-json] DIR",
+	short:    "identity, next steps, stages, blockers; exit 3 when something blocks",
+	long: `Status shows the run in DIR as the ledger has it: its identity (id,
+request, revision, environment), the next steps from the handoff, a table of
+stages (state, attempts, last change, outputs) and the blockers: stages
+awaiting a person or failed fatally, side effects whose outcome is unknown,
+and stages interrupted because their session died. A stage still "running"
+whose session is gone (its lock in logs/sessions is free) is reported as
+interrupted: the next session that opens the run records it so.
+
+It takes no lock and writes nothing; it is safe while agents work on the
+run. Exit status 0 when nothing blocks the run, 3 when something does, 1
+when the run cannot be read.
+
+With -json it prints one JSON object: the library's runstate.Status (dir,
+id, request, revision, environment, format, created, seq, plan, stages,
+artifacts, effects, sessions, blockers, next, done, remaining, metrics,
+torn), with the interrupted stages above added to blockers, plus
+"blocked" (bool) and "handoff" (the handoff text).`,
+	min: 1, max: 1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(c *cli, args []string) int { return c.status(args[0], *asJSON) }
+	},
+}
+
+// statusJSON is the -json shape of status.
+type statusJSON struct {
+	*runstate.Status
+	Blocked bool   `json:"blocked"`
+	Handoff string `json:"handoff"`
+}
+
+func (c *cli) status(dir string, asJSON bool) int {
+	st, handoff, err := inspect(dir)
+	if err != nil {
+		return c.fail(err)
+	}
+	alive := sessionsAlive(dir, st)
+	var gone []runstate.Blocker
+	for _, s := range st.Stages {
+		if s.State == runstate.StateRunning && !alive[s.Session] {
+			gone = append(gone, runstate.Blocker{Kind: "interrupted", Stage: s.Name,
+				Reason: fmt.Sprintf("attempt %d's session %s is gone; the next session to open the run records it as interrupted", s.Attempt, short(s.Session)),
+				Action: "run the pipeline again: the stage begins anew"})
+		}
+	}
+	if len(gone) > 0 { // after the other stage blockers, before the effects
+		i := 0
+		for i < len(st.Blockers) && st.Blockers[i].Stage != "" {
+			i++
+		}
+		st.Blockers = slices.Insert(st.Blockers, i, gone...)
+	}
+	blocked := len(st.Blockers) > 0
+	code := exitOK
+	if blocked {
+		code = exitBlocked
+	}
+	if asJSON {
+		if err := writeJSON(c.out, statusJSON{Status: st, Blocked: blocked, Handoff: handoff}); err != nil {
+			return c.fail(err)
+		}
+		return code
+	}
+
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	fmt.Fprintf(w, "run       %s\n", st.ID)
+	fmt.Fprintf(w, "request   %s\n", oneLine(st.Request, 200))
+	if st.Revision != "" {
+		fmt.Fprintf(w, "revision  %s\n", st.Revision)
+	}
+	if len(st.Environment) > 0 {
+		keys := make([]string, 0, len(st.Environment))
+		for k := range st.Environment {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for i, k := range keys {
+			keys[i] = k + "=" + st.Environment[k]
+		}
+		fmt.Fprintf(w, "env       %s\n", strings.Join(keys, " "))
+	}
+	fmt.Fprintf(w, "created   %s\n", st.Created.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "ledger    seq %d (%s)\n", st.Seq, filepath.Join(dir, "logs", "ledger.jsonl"))
+	if len(st.Sessions) == 0 {
+		fmt.Fprintf(w, "sessions  none open\n")
+	} else {
+		var ss []string
+		for _, s := range st.Sessions {
+			state := "gone"
+			if alive[s.ID] {
+				state = "alive"
+			}
+			ss = append(ss, fmt.Sprintf("%s (pid %d on %s, %s)", short(s.ID), s.PID, s.Host, state))
+		}
+		fmt.Fprintf(w, "sessions  %s\n", strings.Join(ss, "; "))
+	}
+	if st.Torn > 0 {
+		fmt.Fprintf(w, "note      the ledger ends in a torn line of %d bytes (a writer died mid-append; never acknowledged): the next writer, or 'runstate repair %s', cuts it\n", st.Torn, dir)
+	}
+	// The handoff's second paragraph: progress, last, next, then.
+	if paras := strings.Split(handoff, "\n\n"); len(paras) > 1 {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimRight(paras[1], "\n"))
+	}
+
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STAGE\tSTATE\tATTEMPTS\tLAST CHANGE\tOUTPUTS\tNOTE")
+	for _, s := range st.Stages {
+		last := "-"
+		if s.Seq > 0 {
+			last = fmt.Sprintf("%s seq %d", s.At.UTC().Format(time.RFC3339), s.Seq)
+		}
+		outs := "-"
+		if len(s.Outputs) > 0 {
+			outs = s.Outputs[0].Path
+			if len(s.Outputs) > 1 {
+				outs += fmt.Sprintf(" +%d more", len(s.Outputs)-1)
+			}
+		}
+		note := s.Error
+		if note == "" {
+			note = s.Reason
+		}
+		if note == "" {
+			note = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.State, s.Attempt, last, outs, oneLine(note, 60))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	if !blocked {
+		fmt.Fprintln(w, "blockers  none")
+		return code
+	}
+	fmt.Fprintf(w, "blockers  %d\n", len(st.Blockers))
+	for _, b := range st.Blockers {
+		what := b.Stage
+		if what == "" {
+			what = "effect " + b.Key
+		}
+		fmt.Fprintf(w, "  %s (%s): %s\n    do: %s\n", what, b.Kind, oneLine(b.Reason, 200), strings.Replace(b.Action, " DIR ", " "+quoteArg(dir)+" ", 1))
+	}
+	return code
+}
+
+// inspect reads the status and the handoff of the run in dir, both as of
+// the same ledger seq (a writer may append between the two reads: then it
+// reads again).
+func inspect(dir string) (*runstate.Status, string, error) {
+	for tries := 0; ; tries++ {
+		st, err := runstate.Inspect(dir)
+		if err != nil {
+			return nil, "", err
+		}
+		h, err := runstate.NextSteps(dir)
+		if err != nil {
+			return nil, "", err
+		}
+		if seq, err := handoffSeq(h); (err == nil && seq == st.Seq) || tries == 4 {
+			return st, h, nil
+		}
+	}
+}
+
+// handoffSeq reads the ledger seq that a handoff names in its first line.
+func handoffSeq(text string) (int64, error) {
+	line, _, _ := strings.Cut(text, "\n")
+	_, after, ok := strings.Cut(line, "as of ledger seq ")
+	if !ok {
+		return 0, errors.New("its first line names no ledger seq")
+	}
+	num, _, _ := strings.Cut(after, " ")
+	seq, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("its first line names a bad seq %q", num)
+	}
+	return seq, nil
+}
+
+// sessionsAlive tells, for each session the status names (open, or of a
+// running stage), whether its process still holds its lock file in
+// logs/sessions. It only tries a shared lock on files that exist: it
+// creates and writes nothing.
+func sessionsAlive(dir string, st *runstate.Status) map[string]bool {
+	alive := map[string]bool{}
+	check := func(id string) {
+		if _, seen := alive[id]; seen || id == "" {
+			return
+		}
+		alive[id] = sessionAlive(dir, id)
+	}
+	for _, s := range st.Sessions {
+		check(s.ID)
+	}
+	for _, s := range st.Stages {
+		if s.State == runstate.StateRunning {
+			check(s.Session)
+		}
+	}
+	return alive
+}
+
+func sessionAlive(dir, id string) bool {
+	if strings.ContainsAny(id, `/\`) || id == "." || id == ".." {
+		return false
+	}
+	p := filepath.Join(dir, "logs", "sessions", id+".lock")
+	if _, err := os.Stat(p); err != nil {
+		return false
+	}
+	l := flock.New(p, flock.SetFlag(os.O_RDONLY)) // no O_CREATE
+	ok, err := l.TryRLock()
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist) // cannot tell: assume alive, the safe side
+	}
+	if ok {
+		l.Unlock()
+		return false
+	}
+	return true
+}
+
+// short is the short form of a session id: its last 8 hex digits (a UUIDv7
+// begins with a timestamp, so sessions opened close together share their
+// first digits).
+func short(id string) string {
+	if id == "" {
+		return "-"
+	}
+	id = strings.ReplaceAll(id, "-", "")
+	if len(id) > 8 {
+		id = id[len(id)-8:]
+	}
+	return id
+}
+
+// oneLine folds s to one line of at most max bytes.
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		cut := max - 3
+		for cut > 0 && !isRuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "..."
+	}
+	return s
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// quoteArg quotes s for a shell when it needs it.
+func quoteArg(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

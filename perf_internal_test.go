@@ -1,0 +1,692 @@
+package runstate
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// countFS counts, through the file-system seam, the fsyncs runstate asks
+// for, the ledger's writes and the bytes read from it, and how often
+// logs/next-steps.txt is replaced.
+type countFS struct {
+	fileSystem
+	ledgerSyncs  atomic.Int64 // Sync of logs/ledger.jsonl
+	otherSyncs   atomic.Int64 // Sync of any other file
+	dirSyncs     atomic.Int64 // SyncDir
+	ledgerWrites atomic.Int64 // Write to logs/ledger.jsonl
+	ledgerRead   atomic.Int64 // bytes read from logs/ledger.jsonl
+	handoffs     atomic.Int64 // renames over logs/next-steps.txt
+	syncDelay    time.Duration
+}
+
+func newCountFS() *countFS { return &countFS{fileSystem: osFS{}} }
+
+// Link makes countFS a linker, like osFS, so that the handoff is published
+// as it is in production.
+func (c *countFS) Link(oldname, newname string) error { return os.Link(oldname, newname) }
+
+func (c *countFS) Rename(oldpath, newpath string) error {
+	if filepath.Base(newpath) == filepath.Base(nextStepsFile) {
+		c.handoffs.Add(1)
+	}
+	return c.fileSystem.Rename(oldpath, newpath)
+}
+
+func (c *countFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
+	f, err := c.fileSystem.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &countFile{file: f, c: c, ledger: filepath.Base(name) == filepath.Base(ledgerFile)}, nil
+}
+
+func (c *countFS) SyncDir(dir string) error {
+	c.dirSyncs.Add(1)
+	return c.fileSystem.SyncDir(dir)
+}
+
+type countFile struct {
+	file
+	c      *countFS
+	ledger bool
+}
+
+func (f *countFile) Sync() error {
+	if f.ledger {
+		f.c.ledgerSyncs.Add(1)
+		time.Sleep(f.c.syncDelay)
+	} else {
+		f.c.otherSyncs.Add(1)
+	}
+	return f.file.Sync()
+}
+
+func (f *countFile) Write(p []byte) (int, error) {
+	if f.ledger {
+		f.c.ledgerWrites.Add(1)
+	}
+	return f.file.Write(p)
+}
+
+func (f *countFile) Read(p []byte) (int, error) {
+	n, err := f.file.Read(p)
+	if f.ledger {
+		f.c.ledgerRead.Add(int64(n))
+	}
+	return n, err
+}
+
+func (f *countFile) ReadAt(p []byte, off int64) (int, error) {
+	n, err := f.file.ReadAt(p, off)
+	if f.ledger {
+		f.c.ledgerRead.Add(int64(n))
+	}
+	return n, err
+}
+
+// genStages is how many stages a generated run cycles through.
+const genStages = 100
+
+// genRun writes a run directory whose ledger holds n records (n >= 3), the
+// way a long pipeline leaves it: create, open, a plan of genStages stages,
+// then begin and complete pairs cycling through the stages (each with one
+// file input and one output, as Do with File and WriteFile writes them),
+// a close and an open every 1,000 records, and a close at the end. With
+// manifest it writes manifest.json for the last record, as Close does;
+// without, there is none and Open must replay the whole ledger. Nothing
+// is fsync'd: the files are fixtures.
+//
+// Every line is what the package's encoder (appendRecord) writes: each
+// kind of line is encoded once, with marks where seq, attempt and prev
+// go, and filled in for each record, so that a million records take a
+// second or two (under the race detector too) rather than a minute. The
+// state is kept by applying every record, as a replay would.
+func genRun(dir string, n int, manifest bool) error {
+	if n < 3 {
+		return fmt.Errorf("genRun: want at least 3 records, not %d", n)
+	}
+	for _, d := range []string{sessionsDir, tmpDir} {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(d)), 0o755); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, filepath.FromSlash(ledgerFile)), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+
+	st := newState()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC)
+	sum := func(s string) string {
+		h := sha256.Sum256([]byte(s))
+		return hex.EncodeToString(h[:])
+	}
+	session := func(i int) string { return fmt.Sprintf("01900000-0000-7000-8000-%012d", i) }
+	const seqMark, attemptMark, prevMark = 987654321987, 123456789, "PREV"
+	var line []byte
+	var buf bytes.Buffer
+	// emit appends rec, encoded from its template t (nil: encode it now).
+	emit := func(rec *Record, t [][]byte) error {
+		rec.Seq = st.pos.seq + 1
+		rec.Prev = st.pos.hash
+		if t == nil {
+			buf.Reset()
+			if err := appendRecord(&buf, rec); err != nil {
+				return err
+			}
+			line = append(line[:0], buf.Bytes()...)
+		} else {
+			line = append(line[:0], t[0]...)
+			line = strconv.AppendInt(line, rec.Seq, 10)
+			line = append(line, t[1]...)
+			line = strconv.AppendInt(line, int64(rec.Attempt), 10)
+			line = append(line, t[2]...)
+			line = append(line, rec.Prev...)
+			line = append(line, t[3]...)
+		}
+		if _, err := w.Write(line); err != nil {
+			return err
+		}
+		st.apply(rec)
+		st.pos = chain{seq: rec.Seq, hash: lineHash(line[:len(line)-1]), offset: st.pos.offset + int64(len(line))}
+		st.lastLen = int64(len(line))
+		return nil
+	}
+	// template encodes rec with marks and cuts it where they are.
+	template := func(rec Record) ([][]byte, error) {
+		rec.Seq, rec.Attempt, rec.Prev = seqMark, attemptMark, prevMark
+		buf.Reset()
+		if err := appendRecord(&buf, &rec); err != nil {
+			return nil, err
+		}
+		b := buf.Bytes()
+		seqAt, attemptAt, prevAt := `"seq":`+strconv.Itoa(seqMark), `"attempt":`+strconv.Itoa(attemptMark), `"prev":"`+prevMark+`"`
+		i := bytes.Index(b, []byte(seqAt)) + len(`"seq":`)
+		j := bytes.Index(b, []byte(attemptAt)) + len(`"attempt":`)
+		k := bytes.Index(b, []byte(prevAt)) + len(`"prev":"`)
+		if i < len(`"seq":`) || j < i+len(seqAt) || k < j+len(attemptAt) {
+			return nil, fmt.Errorf("genRun: unexpected field order in %s", b)
+		}
+		return [][]byte{
+			append([]byte(nil), b[:i]...),
+			append([]byte(nil), b[i+len(seqAt)-len(`"seq":`):j]...),
+			append([]byte(nil), b[j+len(attemptAt)-len(`"attempt":`):k]...),
+			append([]byte(nil), b[k+len(prevMark):]...),
+		}, nil
+	}
+
+	stages := make([]string, genStages)
+	for i := range stages {
+		stages[i] = fmt.Sprintf("execute/file-%03d", i)
+	}
+	id, _ := json.Marshal(runIdentity{ID: "01900000-0000-7000-8000-ffffffffffff", Request: "generated run", Format: FormatVersion})
+	open, _ := json.Marshal(openData{PID: 4242, Host: "bench"})
+	plan, _ := json.Marshal(stages)
+	sessions := 1
+	if err := emit(&Record{Ev: evCreate, At: at, Session: session(sessions), Data: id}, nil); err != nil {
+		return err
+	}
+	if err := emit(&Record{Ev: evOpen, At: at, Session: session(sessions), Data: open}, nil); err != nil {
+		return err
+	}
+	if err := emit(&Record{Ev: evPlan, At: at, Session: session(sessions), Data: plan}, nil); err != nil {
+		return err
+	}
+	// The begin and complete records of each stage, and their templates,
+	// remade for each session.
+	type pair struct {
+		begin, complete   Record
+		tbegin, tcomplete [][]byte
+	}
+	pairs := make([]pair, len(stages))
+	newSession := func() error {
+		for i, name := range stages {
+			in := map[string]string{"src/" + name + ".go": "sha256:" + sum("in"+name)}
+			out := []Output{{Path: "artifacts/" + name + ".txt", SHA256: sum("out" + name), Size: int64(100 + i)}}
+			p := &pairs[i]
+			p.begin = Record{At: at, Ev: evBegin, Session: session(sessions), Stage: name, Inputs: in}
+			p.complete = Record{At: at, Ev: evComplete, Session: session(sessions), Stage: name, Inputs: in, Outputs: out}
+			var err error
+			if p.tbegin, err = template(p.begin); err != nil {
+				return err
+			}
+			if p.tcomplete, err = template(p.complete); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := newSession(); err != nil {
+		return err
+	}
+	opened := st.pos.seq
+	for i := 0; st.pos.seq < int64(n); i++ {
+		left := int64(n) - st.pos.seq
+		switch {
+		case left == 1:
+			err = emit(&Record{Ev: evClose, At: at, Session: session(sessions), Data: json.RawMessage(`{}`)}, nil)
+		case left == 2:
+			err = emit(&Record{Ev: evSkip, At: at, Session: session(sessions), Stage: "cleanup", Reason: "nothing to clean"}, nil)
+		case st.pos.seq-opened >= 1000:
+			if err = emit(&Record{Ev: evClose, At: at, Session: session(sessions), Data: json.RawMessage(`{"skipped":3}`)}, nil); err == nil {
+				sessions++
+				at = at.Add(time.Minute)
+				if err = newSession(); err == nil {
+					err = emit(&Record{Ev: evOpen, At: at, Session: session(sessions), Data: open}, nil)
+				}
+				opened = st.pos.seq
+			}
+		default:
+			p := &pairs[i%len(pairs)]
+			p.begin.Attempt = st.stage(p.begin.Stage).Attempt + 1
+			p.complete.Attempt = p.begin.Attempt
+			if err = emit(&p.begin, p.tbegin); err == nil {
+				err = emit(&p.complete, p.tcomplete)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if !manifest {
+		return nil
+	}
+	data, err := st.encodeManifest(at)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, manifestFile), data, 0o644)
+}
+
+// GenRunForTest is genRun, for the black-box benchmarks in bench_test.go.
+var GenRunForTest = genRun
+
+func openCounted(t testing.TB, dir string, c *countFS, o Options) *Run {
+	t.Helper()
+	if o.Request == "" {
+		o.Request = "perf"
+	}
+	o.fs = c
+	r, err := Open(dir, &o)
+	require.NoError(t, err)
+	return r
+}
+
+func smallDo(ctx context.Context, r *Run, name string) error {
+	return r.Do(ctx, name, func(ctx context.Context, st *Stage) error {
+		return st.WriteFile("artifacts/"+name+".txt", []byte("output of "+name))
+	})
+}
+
+// TestOneFsyncPerCheckpoint counts, through the file-system seam, every
+// fsync a run asks for: a checkpoint (Do with one output) is exactly one
+// fsync of the ledger. The begin record, the output file, next-steps.txt
+// and manifest.json are not synced. Creating a run syncs its create
+// record; resuming one syncs nothing; Plan, Close and each of an effect's
+// two records sync the ledger once.
+func TestOneFsyncPerCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	r := openCounted(t, dir, c, Options{ManifestInterval: -1}) // the manifest after every append, too
+	assert.Equal(t, int64(1), c.ledgerSyncs.Load(), "Open of a new run: the create record")
+	dirs := c.dirSyncs.Load() // Open of a new run makes the names of its files durable
+	require.NoError(t, r.Plan(ctx, "a", "b"))
+	assert.Equal(t, int64(2), c.ledgerSyncs.Load(), "Plan")
+
+	const n = 20
+	for i := 0; i < n; i++ {
+		require.NoError(t, smallDo(ctx, r, "s"+strconv.Itoa(i)))
+		assert.Equal(t, int64(2+i+1), c.ledgerSyncs.Load(), "checkpoint %d", i)
+	}
+	_, err := r.Effect(ctx, "ticket", Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		return json.RawMessage(`{"id":1}`), nil
+	}})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2+n+2), c.ledgerSyncs.Load(), "an effect: intent and confirm")
+	assert.Zero(t, c.ledgerRead.Load(), "no other writer: a checkpoint reads nothing of the ledger")
+	require.NoError(t, r.Close())
+	assert.Equal(t, int64(2+n+2+1), c.ledgerSyncs.Load(), "Close: the close record")
+	assert.Zero(t, c.otherSyncs.Load(), "no other file is synced")
+	assert.Equal(t, dirs, c.dirSyncs.Load(), "no directory is synced after Open")
+
+	c2 := newCountFS()
+	r = openCounted(t, dir, c2, Options{})
+	assert.Zero(t, c2.ledgerSyncs.Load()+c2.dirSyncs.Load()+c2.otherSyncs.Load(), "Open of an existing run syncs nothing")
+	require.NoError(t, smallDo(ctx, r, "after-resume"))
+	assert.Equal(t, int64(1), c2.ledgerSyncs.Load())
+	require.NoError(t, r.Close())
+	t.Logf("%d checkpoints: %d ledger fsyncs in all (Open 1, Plan 1, effect 2, Close 1), %d directory fsyncs (Open of a new run); resumed: Open 0, one checkpoint 1, Close 1 = %d",
+		n, c.ledgerSyncs.Load(), dirs, c2.ledgerSyncs.Load())
+}
+
+// TestGroupCommit runs 8 goroutines checkpointing at once: concurrent
+// appends share one write and one fsync (fewer fsyncs than checkpoints),
+// next-steps.txt is replaced once per write, and nothing is lost.
+func TestGroupCommit(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	c.syncDelay = time.Millisecond // a slow disk: writers pile up behind an fsync
+	r := openCounted(t, dir, c, Options{})
+	syncs0, writes0, handoffs0 := c.ledgerSyncs.Load(), c.ledgerWrites.Load(), c.handoffs.Load()
+	const goroutines, each = 8, 10
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				assert.NoError(t, smallDo(ctx, r, fmt.Sprintf("g%d/s%d", g, i)))
+			}
+		}()
+	}
+	wg.Wait()
+	syncs, writes, handoffs := c.ledgerSyncs.Load()-syncs0, c.ledgerWrites.Load()-writes0, c.handoffs.Load()-handoffs0
+	t.Logf("%d checkpoints (%d commits): %d ledger writes, %d fsyncs, %d next-steps.txt rewrites",
+		goroutines*each, 2*goroutines*each, writes, syncs, handoffs)
+	assert.Less(t, syncs, int64(goroutines*each), "group commit: fewer fsyncs than checkpoints")
+	assert.Less(t, writes, int64(2*goroutines*each), "group commit: fewer writes than commits")
+	assert.Equal(t, writes, handoffs, "one next-steps.txt rewrite per batch")
+	require.NoError(t, r.Close())
+
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	s, err := Inspect(dir)
+	require.NoError(t, err)
+	complete := 0
+	for _, st := range s.Stages {
+		if st.State == StateComplete {
+			complete++
+		}
+	}
+	assert.Equal(t, goroutines*each, complete)
+}
+
+// TestHandoffFiles checks how next-steps.txt is published without a new
+// file per append: two handoff files per session, one of them also named
+// logs/next-steps.txt; none left after Close; a killed session's removed
+// by the next Open; and temp files where hard links fail.
+func TestHandoffFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "perf"})
+	require.NoError(t, err)
+	for i := 0; i < 5; i++ {
+		require.NoError(t, smallDo(ctx, r, "s"+strconv.Itoa(i)))
+	}
+	names := func() []string {
+		ents, err := os.ReadDir(filepath.Join(dir, filepath.FromSlash(handoffDir)))
+		require.NoError(t, err)
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	assert.ElementsMatch(t, []string{r.Session() + ".0", r.Session() + ".1"}, names())
+	want, err := r.NextSteps()
+	require.NoError(t, err)
+	got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(nextStepsFile)))
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got))
+	ns, err := os.Stat(filepath.Join(dir, filepath.FromSlash(nextStepsFile)))
+	require.NoError(t, err)
+	linked := 0
+	for _, name := range names() {
+		fi, err := os.Stat(filepath.Join(dir, filepath.FromSlash(handoffDir), name))
+		require.NoError(t, err)
+		if os.SameFile(fi, ns) {
+			linked++
+		}
+	}
+	assert.Equal(t, 1, linked, "next-steps.txt is one of the two handoff files")
+	require.NoError(t, r.Close())
+	assert.Empty(t, names(), "Close removes the handoff files")
+	seq, err := nextStepsSeq(filepath.Join(dir, filepath.FromSlash(nextStepsFile)))
+	require.NoError(t, err)
+	s, err := Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, s.Seq, seq, "next-steps.txt is current after Close")
+
+	// A killed session leaves its handoff files; the next Open removes them.
+	r, err = Open(dir, &Options{Request: "perf"})
+	require.NoError(t, err)
+	require.NoError(t, smallDo(ctx, r, "killed"))
+	r.crash()
+	require.Len(t, names(), 2)
+	r, err = Open(dir, &Options{Request: "perf"})
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{r.Session() + ".0"}, names(), "only the new session's")
+	require.NoError(t, r.Close())
+
+	// Without hard links (a fileSystem that is not a linker), next-steps.txt
+	// is replaced through temp files, and still current.
+	dir2 := t.TempDir()
+	r, err = Open(dir2, &Options{Request: "perf", fs: noLinkFS{osFS{}}})
+	require.NoError(t, err)
+	require.NoError(t, smallDo(ctx, r, "a"))
+	want, err = r.NextSteps()
+	require.NoError(t, err)
+	got, err = os.ReadFile(filepath.Join(dir2, filepath.FromSlash(nextStepsFile)))
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got))
+	ents, err := os.ReadDir(filepath.Join(dir2, filepath.FromSlash(handoffDir)))
+	require.NoError(t, err)
+	assert.Empty(t, ents)
+	require.NoError(t, r.Close())
+}
+
+// noLinkFS is a fileSystem without hard links.
+type noLinkFS struct{ fileSystem }
+
+// TestNextStepsCheap checks what the handoff rendered after every append
+// keeps up to date instead of scanning the state (the count of blockers,
+// the time of the latest stage record) against a full scan, through
+// blockers, failures, interruptions, unconfirmed effects and a manifest
+// round trip; and that the page agrees with Status.
+func TestNextStepsCheap(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "perf", MaxAttempts: 1})
+	require.NoError(t, err)
+	check := func(what string) {
+		t.Helper()
+		r.stMu.RLock()
+		defer r.stMu.RUnlock()
+		s := r.st
+		assert.Equal(t, len(s.blockers()), s.blocking, "%s: blocking", what)
+		var latest time.Time
+		for _, st := range s.stages {
+			if st.At.After(latest) {
+				latest = st.At
+			}
+		}
+		assert.True(t, latest.Equal(s.stageAt), "%s: stageAt %v, want %v", what, s.stageAt, latest)
+		status := s.status("")
+		page := s.nextSteps()
+		assert.Contains(t, page, fmt.Sprintf("progress: %d of %d planned stages done", status.Done, status.Done+status.Remaining), what)
+		if status.Next != "" {
+			assert.Contains(t, page, "next:     "+status.Next+" (", what)
+		}
+		if n := len(status.Blockers); n > 0 {
+			assert.Contains(t, page, fmt.Sprintf("blockers: %d\n", n), what)
+		} else {
+			assert.Contains(t, page, "blockers: none\n", what)
+		}
+	}
+	check("new")
+	var plan []string
+	for i := 0; i < 12; i++ {
+		plan = append(plan, "p"+strconv.Itoa(i))
+	}
+	require.NoError(t, r.Plan(ctx, plan...))
+	for i := 0; i < 10; i++ {
+		require.NoError(t, smallDo(ctx, r, plan[i]))
+	}
+	check("ten of twelve done")
+	require.Error(t, r.Do(ctx, "p10", func(context.Context, *Stage) error { return errors.New("flaky") }))
+	check("retries exhausted: awaiting")
+	require.Error(t, r.Do(ctx, "x", func(context.Context, *Stage) error { return Fatal(errors.New("broken")) }))
+	check("fatal")
+	require.NoError(t, r.Approve(ctx, "p10", "ann", "try again"))
+	check("approved")
+	_, err = r.Effect(ctx, "mail", Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		return nil, errors.New("timeout")
+	}})
+	require.ErrorIs(t, err, ErrUnconfirmed)
+	check("unconfirmed effect")
+	require.NoError(t, r.Resolve(ctx, "mail", Resolution{Sent: false, By: "ann"}))
+	check("resolved")
+	_, err = r.Begin(ctx, "hanging")
+	require.NoError(t, err)
+	r.crash()
+
+	r, err = Open(dir, &Options{Request: "perf", MaxAttempts: 1})
+	require.NoError(t, err)
+	check("interrupted, resumed from the manifest")
+	require.NoError(t, r.Invalidate(ctx, "x", "fixed"))
+	check("invalidated")
+	require.NoError(t, r.Close())
+	r, err = Open(dir, &Options{Request: "perf"})
+	require.NoError(t, err)
+	check("reopened")
+	require.NoError(t, r.Close())
+}
+
+// runRecords is how many records the constant-time Open test generates:
+// a million, as the budget says.
+const runRecords = 1_000_000
+
+// TestOpenConstantTime generates runs of 100,000 and 1,000,000 records with
+// a manifest and opens each: Open reads the manifest and the last record,
+// not the ledger (counted through the file-system seam), and takes about
+// as long for either (budget: under 50 ms, independent of length).
+func TestOpenConstantTime(t *testing.T) {
+	small, large := t.TempDir(), t.TempDir()
+	start := time.Now()
+	require.NoError(t, genRun(small, runRecords/10, true))
+	require.NoError(t, genRun(large, runRecords, true))
+	t.Logf("generated %d and %d records in %s", runRecords/10, runRecords, time.Since(start).Round(time.Millisecond))
+
+	open := func(dir string) (time.Duration, int64, *Status) {
+		c := newCountFS()
+		t0 := time.Now()
+		r := openCounted(t, dir, c, Options{Request: "generated run"})
+		d := time.Since(t0)
+		s, err := r.Status()
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+		return d, c.ledgerRead.Load(), s
+	}
+	var ts, tl []time.Duration
+	for i := 0; i < 5; i++ { // alternating, so that load on the machine hits both alike
+		d, read, s := open(small)
+		ts = append(ts, d)
+		assert.Less(t, read, int64(64<<10), "Open of %d records read %d ledger bytes", runRecords/10, read)
+		assert.Equal(t, int64(runRecords/10+2*i+1), s.Seq)
+		d, read, s = open(large)
+		tl = append(tl, d)
+		assert.Less(t, read, int64(64<<10), "Open of %d records read %d ledger bytes", runRecords, read)
+		assert.Equal(t, int64(runRecords+2*i+1), s.Seq)
+		assert.GreaterOrEqual(t, len(s.Stages), genStages, "the snapshot's stages")
+	}
+	ms, ml := median(ts), median(tl)
+	t.Logf("Open, median of 5: %d records %s, %d records %s (ratio %.2f; budget 50ms)",
+		runRecords/10, ms, runRecords, ml, float64(ml)/float64(ms))
+	bound := 50 * time.Millisecond
+	if raceEnabled {
+		bound = 500 * time.Millisecond
+	}
+	assert.Less(t, ml, bound, "Open of a million records")
+	assert.Less(t, float64(ml), 3*float64(ms)+float64(5*time.Millisecond), "Open grows with ledger length")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestOpenWithoutSnapshot damages manifest.json in every way it can be
+// unusable: Open then replays the whole ledger (every byte read) and ends
+// with the same state as from a good snapshot; Open rewrites the manifest,
+// and the next Open uses it again.
+func TestOpenWithoutSnapshot(t *testing.T) {
+	const n = 20_000
+	base := t.TempDir()
+	require.NoError(t, genRun(base, n, true))
+	good, err := os.ReadFile(filepath.Join(base, manifestFile))
+	require.NoError(t, err)
+	ledger, err := os.ReadFile(filepath.Join(base, filepath.FromSlash(ledgerFile)))
+	require.NoError(t, err)
+
+	// The state from the good snapshot, to compare with.
+	c := newCountFS()
+	r := openCounted(t, base, c, Options{Request: "generated run"})
+	assert.Less(t, c.ledgerRead.Load(), int64(64<<10))
+	want, err := r.Status()
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	edit := func(f func(m map[string]any)) []byte {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(good, &m))
+		f(m)
+		data, err := json.Marshal(m)
+		require.NoError(t, err)
+		return data
+	}
+	for name, manifest := range map[string][]byte{
+		"missing":         nil,
+		"garbage":         []byte("{not json"),
+		"other format":    edit(func(m map[string]any) { m["format"] = 2 }),
+		"wrong hash":      edit(func(m map[string]any) { m["ledger"].(map[string]any)["hash"] = strings.Repeat("0", 64) }),
+		"past the end":    edit(func(m map[string]any) { m["ledger"].(map[string]any)["end"] = len(ledger) + 100 }),
+		"not on a record": edit(func(m map[string]any) { m["ledger"].(map[string]any)["offset"] = 7 }),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.MkdirAll(filepath.Join(dir, "logs"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, filepath.FromSlash(ledgerFile)), ledger, 0o644))
+			if manifest != nil {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, manifestFile), manifest, 0o644))
+			}
+			c := newCountFS()
+			r := openCounted(t, dir, c, Options{Request: "generated run"})
+			assert.GreaterOrEqual(t, c.ledgerRead.Load(), int64(len(ledger)), "a full replay reads every byte")
+			got, err := r.Status()
+			require.NoError(t, err)
+			require.NoError(t, r.Close())
+			assert.Equal(t, want.Stages, got.Stages)
+			assert.Equal(t, want.Artifacts, got.Artifacts)
+			assert.Equal(t, want.Plan, got.Plan)
+			assert.Equal(t, want.Metrics.Sessions, got.Metrics.Sessions)
+			assert.Equal(t, want.Seq, got.Seq)
+
+			c = newCountFS()
+			r = openCounted(t, dir, c, Options{Request: "generated run"})
+			assert.Less(t, c.ledgerRead.Load(), int64(64<<10), "Open rewrote the manifest: the next one resumes from it")
+			require.NoError(t, r.Close())
+		})
+	}
+}
+
+// TestMemoryIndependentOfLedgerLength replays runs of 10,000 and 100,000
+// records without a snapshot: what stays in memory while the run is open
+// is the state, which grows with stages, not with records.
+func TestMemoryIndependentOfLedgerLength(t *testing.T) {
+	heapOpen := func(n int) uint64 {
+		dir := t.TempDir()
+		require.NoError(t, genRun(dir, n, false))
+		least := uint64(1 << 62)
+		for i := 0; i < 3; i++ { // the least of three: other goroutines allocate too
+			if err := os.Remove(filepath.Join(dir, manifestFile)); err != nil {
+				require.ErrorIs(t, err, fs.ErrNotExist) // none before the first Open
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			r, err := Open(dir, &Options{Request: "generated run"})
+			require.NoError(t, err)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			require.NoError(t, r.Close())
+			held := uint64(0)
+			if after.HeapAlloc > before.HeapAlloc {
+				held = after.HeapAlloc - before.HeapAlloc
+			}
+			least = min(least, held)
+		}
+		return least
+	}
+	small, large := heapOpen(10_000), heapOpen(100_000)
+	t.Logf("heap held while open: %d records %d KiB, %d records %d KiB", 10_000, small>>10, 100_000, large>>10)
+	assert.Less(t, large, small+1<<20, "ten times the records, about the same memory")
+}

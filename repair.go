@@ -1,0 +1,342 @@
+package runstate
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gofrs/flock"
+)
+
+// RepairOptions configure Repair. A nil *RepairOptions and the zero
+// RepairOptions mean: cut a torn tail, rebuild the projections, and drop no
+// acknowledged record. Repair only reads them.
+type RepairOptions struct {
+	// TruncateAt, when positive, cuts the ledger at the start of that line
+	// (1-based; line N holds seq N): the line and every line after it are
+	// dropped, after a copy of the whole ledger is saved to
+	// logs/ledger.jsonl.bak-<time>. It is meant for damage in the middle of
+	// the ledger, which Repair otherwise refuses to touch. It is refused
+	// when the ledger has no damage at or after that line (unless Force),
+	// when the damage is before that line (cutting there would keep it),
+	// at line 1 (no run would be left), and while a session is open on the
+	// run (it would write after records that no longer exist).
+	TruncateAt int
+
+	// Force lets TruncateAt cut a ledger that has no damage at or after the
+	// line: acknowledged, healthy records are dropped (the backup keeps
+	// them). It never lets a cut keep damage.
+	Force bool
+}
+
+// RepairReport says what Repair did; everything it names was durable when
+// Repair returned. Paths are the run directory joined with the file's name
+// in the run. It is a plain value, safe to keep and share.
+type RepairReport struct {
+	Dir    string `json:"dir"`
+	Ledger string `json:"ledger"`
+	// Damage describes what was wrong with the ledger before the repair
+	// ("" when nothing was).
+	Damage string `json:"damage,omitempty"`
+	// TornBytes is the size of a torn last line that was cut, and
+	// TornSaved the file it was moved to.
+	TornBytes int64  `json:"torn_bytes,omitempty"`
+	TornSaved string `json:"torn_saved,omitempty"`
+	// Backup is the copy of the whole ledger made before a TruncateAt cut;
+	// CutAt is the byte offset the ledger was cut at; CutLines and
+	// CutBytes are what the cut dropped (damaged lines included).
+	Backup   string `json:"backup,omitempty"`
+	CutAt    int64  `json:"cut_at,omitempty"`
+	CutLines int    `json:"cut_lines,omitempty"`
+	CutBytes int64  `json:"cut_bytes,omitempty"`
+	// Records and Bytes describe the ledger after the repair: its last
+	// seq and its size, every line of it checked.
+	Records int64 `json:"records"`
+	Bytes   int64 `json:"bytes"`
+	// Rebuilt lists the projections rewritten from the ledger.
+	Rebuilt []string `json:"rebuilt"`
+}
+
+// Repair puts the run in dir back in a state every reader and writer
+// accepts, under the ledger lock, and reports what it did:
+//
+//   - A torn last line (a writer died mid-append; never acknowledged) is
+//     moved aside to logs/ledger.jsonl.torn-<time> and cut off, as the
+//     next writer would do.
+//   - Damage in the middle of the ledger (a bad line with lines after it, a
+//     seq gap, a broken hash chain) is refused with an error wrapping
+//     ErrCorrupt that names the line and byte offset, and nothing is
+//     written, unless opts.TruncateAt says where to cut (see
+//     RepairOptions).
+//   - manifest.json and logs/next-steps.txt are rebuilt from a full replay
+//     of the ledger, every line checked.
+//
+// Repair appends no record: a torn tail was never acknowledged, so cutting
+// it changes nothing any session was told, and a TruncateAt cut removes
+// records whose chain no longer verifies, which no record appended after
+// them could vouch for. The torn-<time> and bak-<time> files it leaves next
+// to the ledger are the trace of what it cut.
+//
+// When Repair returns, the cut and the saved copies are durable (fsync'd),
+// and so are the rebuilt projections. Repair may run while sessions are
+// open on the run unless TruncateAt is set; it is safe to call from any
+// goroutine or process, as the ledger lock serializes it with writers.
+// It fails with ErrVersion for an unknown format version.
+func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
+	var o RepairOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.TruncateAt < 0 {
+		return nil, fmt.Errorf("%w: TruncateAt %d is negative", ErrInvalid, o.TruncateAt)
+	}
+	if o.TruncateAt == 1 {
+		return nil, fmt.Errorf("%w: cutting at line 1 would drop the create record and leave no run: restore the ledger from a backup, or remove the run directory", ErrInvalid)
+	}
+	fsys := osFS{}
+	path := func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
+	lp := path(ledgerFile)
+	rep := &RepairReport{Dir: dir, Ledger: lp, Rebuilt: []string{}}
+	if fi, err := os.Stat(lp); err != nil {
+		if isNotExist(err) {
+			return nil, fmt.Errorf("runstate: %s is not a run directory: %s does not exist", dir, lp)
+		}
+		return nil, fmt.Errorf("runstate: %w", err)
+	} else if fi.IsDir() {
+		return nil, fmt.Errorf("runstate: %s is a directory, not a ledger: move it away", lp)
+	}
+	if err := fsys.MkdirAll(path(tmpDir), 0o755); err != nil {
+		return nil, fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", path(tmpDir), err)
+	}
+
+	lock := flock.New(path(lockFile))
+	if err := lock.Lock(); err != nil {
+		return nil, fmt.Errorf("runstate: lock %s: %w", path(lockFile), err)
+	}
+	defer lock.Unlock()
+
+	f, err := fsys.OpenFile(lp, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	size := fi.Size()
+
+	// Find the damage, and where line TruncateAt starts.
+	var c chain
+	lineAt := int64(-1)
+	tornAt, err := replay(io.NewSectionReader(f, 0, size), lp, &c, func(rec *Record, _ []byte) error {
+		if rec.Seq == int64(o.TruncateAt) {
+			lineAt = c.offset // c is still at the record before this one
+		}
+		return nil
+	})
+	var ce *CorruptError
+	damageLine, damageOff := 0, int64(-1)
+	switch {
+	case errors.As(err, &ce):
+		damageLine, damageOff = ce.Line, ce.Offset
+		rep.Damage = fmt.Sprintf("line %d (byte %d): %v", ce.Line, ce.Offset, ce.Err)
+	case err != nil:
+		return nil, err
+	case tornAt >= 0:
+		damageLine, damageOff = int(c.seq+1), tornAt
+		rep.Damage = fmt.Sprintf("line %d (byte %d): torn last line of %d bytes", damageLine, tornAt, size-tornAt)
+	}
+
+	stamp := time.Now().UTC().Format("20060102T150405.000000000Z")
+	switch {
+	case o.TruncateAt == 0 && ce != nil:
+		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage in the middle of the ledger, not a torn tail, and repair does not cut it by itself; %s",
+			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce))
+
+	case o.TruncateAt == 0 && tornAt >= 0:
+		torn := make([]byte, size-tornAt)
+		if _, err := f.ReadAt(torn, tornAt); err != nil {
+			return nil, fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
+		}
+		aside := lp + ".torn-" + stamp
+		if err := writeAtomic(fsys, path(tmpDir), "repair", aside, torn, true); err != nil {
+			return nil, fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, aside, err)
+		}
+		if err := cutLedger(f, lp, tornAt); err != nil {
+			return nil, err
+		}
+		rep.TornBytes, rep.TornSaved = size-tornAt, aside
+
+	case o.TruncateAt > 0:
+		at := int64(-1)
+		switch {
+		case damageLine > 0 && o.TruncateAt > damageLine:
+			return nil, fmt.Errorf("%w: the ledger %s is damaged at line %d (byte %d), before line %d: cutting at line %d would keep the damage; use -truncate-at %d",
+				ErrInvalid, lp, damageLine, damageOff, o.TruncateAt, o.TruncateAt, damageLine)
+		case damageLine == 0 && !o.Force:
+			return nil, fmt.Errorf("%w: the ledger %s has no damage (%d records check out): refusing to drop acknowledged records at line %d without Force",
+				ErrInvalid, lp, c.seq, o.TruncateAt)
+		case o.TruncateAt == damageLine:
+			at = damageOff
+		case lineAt >= 0:
+			at = lineAt
+		default:
+			return nil, fmt.Errorf("%w: the ledger %s has %d records: there is no line %d to cut at", ErrInvalid, lp, c.seq, o.TruncateAt)
+		}
+		if live := liveSessions(dir); len(live) > 0 {
+			return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before cutting acknowledged records",
+				ErrBusy, strings.Join(live, ", "), dir)
+		}
+		backup := lp + ".bak-" + stamp
+		if err := copyAtomic(fsys, path(tmpDir), backup, io.NewSectionReader(f, 0, size)); err != nil {
+			return nil, fmt.Errorf("runstate: back up %s to %s: %w", lp, backup, err)
+		}
+		lines, err := countLines(io.NewSectionReader(f, at, size-at))
+		if err != nil {
+			return nil, fmt.Errorf("runstate: read %s: %w", lp, err)
+		}
+		if err := cutLedger(f, lp, at); err != nil {
+			return nil, err
+		}
+		rep.Backup, rep.CutAt, rep.CutLines, rep.CutBytes = backup, at, lines, size-at
+	}
+
+	// Rebuild the projections from a full replay of what is left.
+	if fi, err = f.Stat(); err != nil {
+		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	st := newState()
+	torn, err := replay(io.NewSectionReader(f, 0, fi.Size()), lp, &st.pos, func(rec *Record, line []byte) error {
+		st.apply(rec)
+		st.lastLen = int64(len(line) + 1)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if torn >= 0 {
+		return nil, fmt.Errorf("runstate: %s still ends in a torn line at byte %d after the repair (is another program writing to it?)", lp, torn)
+	}
+	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
+	if st.pos.seq == 0 {
+		return rep, nil // never created: there is nothing to project
+	}
+	data, err := st.encodeManifest(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		rel  string
+		data []byte
+	}{{manifestFile, data}, {nextStepsFile, []byte(st.nextSteps())}} {
+		if err := writeAtomic(fsys, path(tmpDir), "repair", path(p.rel), p.data, true); err != nil {
+			return nil, fmt.Errorf("runstate: rebuild %s: %w", path(p.rel), err)
+		}
+		rep.Rebuilt = append(rep.Rebuilt, path(p.rel))
+	}
+	return rep, nil
+}
+
+// cutAdvice says what to do about mid-file damage: restore a backup, or
+// cut where the damage begins. A prev hash that does not match means the
+// line before no longer hashes to what this line recorded: that line is
+// the one most likely edited, so the cut drops it too.
+func cutAdvice(ce *CorruptError) string {
+	at := ce.Line
+	if errors.Is(ce.Err, errBrokenChain) {
+		at--
+	}
+	if at < 2 {
+		return "the create record is damaged: restore the ledger from a backup"
+	}
+	what := "from there on"
+	if at < ce.Line {
+		what = fmt.Sprintf("from line %d on (line %d may be the edited one)", at, at)
+	}
+	return fmt.Sprintf("restore the ledger from a backup, or cut it %s with 'runstate repair -truncate-at %d DIR' (a copy of the whole ledger is kept)", what, at)
+}
+
+// cutLedger truncates the ledger to size bytes and makes that durable.
+func cutLedger(f file, lp string, size int64) error {
+	if err := f.Truncate(size); err != nil {
+		return &WriteError{Path: lp, Op: "truncate", Err: err}
+	}
+	if err := f.Sync(); err != nil {
+		return &WriteError{Path: lp, Op: "sync", Err: err}
+	}
+	return nil
+}
+
+// copyAtomic writes what r holds to path the way writeAtomic does (temp
+// file in tmp, fsync, rename, directory fsync), streaming it.
+func copyAtomic(fsys fileSystem, tmp, path string, r io.Reader) (err error) {
+	name := filepath.Join(tmp, "repair-"+randomHex(8))
+	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			fsys.Remove(name)
+		}
+	}()
+	if _, err = io.Copy(f, r); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = fsys.Rename(name, path); err != nil {
+		return err
+	}
+	return fsys.SyncDir(filepath.Dir(path))
+}
+
+// countLines counts the lines in r, a last one without '\n' included.
+func countLines(r io.Reader) (int, error) {
+	buf := make([]byte, 64<<10)
+	n, last := 0, byte('\n')
+	for {
+		k, err := r.Read(buf)
+		for _, b := range buf[:k] {
+			if b == '\n' {
+				n++
+			}
+		}
+		if k > 0 {
+			last = buf[k-1]
+		}
+		if err == io.EOF {
+			if last != '\n' {
+				n++
+			}
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// liveSessions lists the sessions whose lock file in logs/sessions is
+// held: processes that have the run open. The caller holds the ledger lock.
+func liveSessions(dir string) []string {
+	r := &Run{dir: dir}
+	ents, _ := os.ReadDir(r.path(sessionsDir))
+	var live []string
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok && r.alive(id) {
+			live = append(live, id)
+		}
+	}
+	return live
+}

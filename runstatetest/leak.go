@@ -1,0 +1,22 @@
+package runstatetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate/internal/leakcheck"
+)
+
+// CheckLeaks makes t fail if a goroutine started after this call is still
+// running when the test ends (it waits up to five seconds for them to wind
+// down). Call it first in the test, so that its check runs after the
+// test's other cleanups. A small stand-in for goleak.VerifyNone.
+func CheckLeaks(t testing.TB) {
+	t.Helper()
+	before := leakcheck.Snapshot()
+	t.Cleanup(func() {
+		if err := leakcheck.Find(before, 5*time.Second); err != nil {
+			t.Errorf("runstatetest: goroutines leaked by %s: %v", t.Name(), err)
+		}
+	})
+}

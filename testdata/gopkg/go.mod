@@ -1,0 +1,3 @@
+module example.com/gopkg
+
+go 1.22
