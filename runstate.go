@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -460,6 +461,18 @@ type tx struct {
 	released bool
 }
 
+// decide runs the transaction's fn. A panic in it (a bug) becomes the
+// transaction's error instead of unwinding through the leader, which
+// would leave every waiting goroutine of the batch blocked for ever.
+func (t *tx) decide(s *state) (recs []*Record, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			recs, err = nil, fmt.Errorf("runstate: internal error deciding a record: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return t.fn(s)
+}
+
 // commit runs fn under the ledger lock on the current state and appends the
 // records it returns. Concurrent commits in one process are grouped: one
 // leader takes the lock once, writes every queued transaction's records
@@ -558,7 +571,7 @@ func (r *Run) apply(batch []*tx) {
 	sync := false
 	var ok []*tx
 	for _, t := range batch {
-		recs, err := t.fn(r.st)
+		recs, err := t.decide(r.st)
 		if err != nil {
 			t.err = err
 			continue

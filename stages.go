@@ -506,6 +506,22 @@ func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	return nil
 }
 
+// running returns the stage's state when this attempt still runs, and an
+// ErrStale error naming what happened to it otherwise (an operator
+// invalidated it, another session took it over after this one was thought
+// dead).
+func (st *Stage) running(s *state) (*StageStatus, error) {
+	cur := s.stages[st.name]
+	if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
+		state := "gone"
+		if cur != nil {
+			state = fmt.Sprintf("%s (attempt %d)", cur.State, cur.Attempt)
+		}
+		return nil, fmt.Errorf("%w: %s attempt %d is no longer running: it is %s", ErrStale, st.name, st.attempt, state)
+	}
+	return cur, nil
+}
+
 // Output records a file that the stage wrote by other means as one of its
 // outputs. It is hashed when the stage completes; it must exist then.
 func (st *Stage) Output(path string) error {
@@ -576,13 +592,8 @@ func (st *Stage) Complete() error {
 	}
 	var staleErr error
 	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
-		cur := s.stages[st.name]
-		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
-			state := "gone"
-			if cur != nil {
-				state = fmt.Sprintf("%s (attempt %d)", cur.State, cur.Attempt)
-			}
-			return nil, fmt.Errorf("%w: %s attempt %d is no longer running: it is %s", ErrStale, st.name, st.attempt, state)
+		if _, err := st.running(s); err != nil {
+			return nil, err
 		}
 		reason := stale
 		if reason == "" {
@@ -627,9 +638,9 @@ func (st *Stage) Fail(err error) error {
 	class, reason := classOf(err)
 	max := st.run.opts.MaxAttempts
 	_, cerr := st.run.commit(true, func(s *state) ([]*Record, error) {
-		cur := s.stages[st.name]
-		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
-			return nil, fmt.Errorf("%w: %s attempt %d is no longer running", ErrStale, st.name, st.attempt)
+		cur, rerr := st.running(s)
+		if rerr != nil {
+			return nil, rerr
 		}
 		recs := []*Record{{Ev: evFail, Stage: st.name, Attempt: st.attempt, Class: class, Error: err.Error()}}
 		switch {
@@ -662,9 +673,8 @@ func (st *Stage) Await(reason string) error {
 		return err
 	}
 	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
-		cur := s.stages[st.name]
-		if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
-			return nil, fmt.Errorf("%w: %s attempt %d is no longer running", ErrStale, st.name, st.attempt)
+		if _, err := st.running(s); err != nil {
+			return nil, err
 		}
 		return []*Record{{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}}, nil
 	})

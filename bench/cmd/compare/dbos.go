@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/dbos-inc/dbos-transact-golang/dbos"
+	_ "github.com/dbos-inc/dbos-transact-golang/dbos/driver/sqlite" // SQLite system database
+)
+
+// dbosTransact runs DBOS Transact Go with a SQLite system database. A
+// checkpoint is one DBOS step (dbos.RunAsStep) that writes the output file
+// and returns the record as its output; DBOS stores the step's output in
+// its system database (one write transaction, committed durably) before
+// RunAsStep returns: that is DBOS's checkpoint. Each call of Checkpoints is
+// one workflow that runs n such steps, so the per-workflow rows (start, end)
+// are outside the per-op latencies but inside the throughput figures.
+//
+// The system database is a *sql.DB opened here with the settings DBOS's own
+// OpenSQLitePool uses (WAL, busy_timeout 5000, foreign_keys, _txlock=immediate,
+// at most 8 connections) except synchronous=FULL instead of DBOS's default
+// NORMAL: with NORMAL a WAL commit is not fsync'd and can be lost at power
+// failure, which no other contender allows itself. DBOS leaves the PRAGMAs
+// of a handle passed as Config.SQLiteSystemDB to its owner.
+type dbosTransact struct {
+	fw   fileWork
+	db   *sql.DB
+	dctx dbos.Context
+
+	mu    sync.Mutex
+	sinks map[int][]time.Duration // first id of a workflow → its latencies
+}
+
+func init() {
+	register(contenderInfo{
+		name:  "dbos",
+		order: 40,
+		about: "DBOS Transact Go, SQLite system DB (WAL, synchronous=FULL), one RunAsStep per checkpoint",
+		make:  func() contender { return &dbosTransact{sinks: map[int][]time.Duration{}} },
+	})
+}
+
+// dbosCurrent is the contender the registered workflow function works for.
+// DBOS registers workflows by function name, so the workflow is a top-level
+// function and one DBOS contender is open at a time.
+var dbosCurrent *dbosTransact
+
+type dbosBatch struct {
+	First int `json:"first"`
+	N     int `json:"n"`
+}
+
+// dbosCheckpointsWorkflow is the workflow: n steps, one per checkpoint.
+func dbosCheckpointsWorkflow(ctx dbos.Context, in dbosBatch) (int, error) {
+	c := dbosCurrent
+	c.mu.Lock()
+	lat := c.sinks[in.First]
+	c.mu.Unlock()
+	for k := range in.N {
+		id := in.First + k
+		t0 := time.Now()
+		_, err := dbos.RunAsStep(ctx, func(context.Context) (string, error) {
+			data := outputData(id)
+			if err := c.fw.write(id, data); err != nil {
+				return "", err
+			}
+			return string(checkpointRecord(id, data)), nil
+		}, dbos.WithStepName(stageName(id)))
+		if err != nil {
+			return k, err
+		}
+		lat[k] = time.Since(t0)
+	}
+	return in.N, nil
+}
+
+func (c *dbosTransact) Open(ctx context.Context, dir string) error {
+	if dbosCurrent != nil {
+		return fmt.Errorf("dbos: only one DBOS contender can be open at a time")
+	}
+	fw, err := newFileWork(dir)
+	if err != nil {
+		return err
+	}
+	c.fw = fw
+	dsn := "file:" + filepath.Join(dir, "dbos.sqlite") + "?_txlock=immediate" +
+		"&_pragma=busy_timeout(5000)&_pragma=foreign_keys(ON)" +
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
+	c.db, err = sql.Open("sqlite", dsn)
+	if err != nil {
+		return err
+	}
+	c.db.SetMaxOpenConns(8)
+	c.db.SetMaxIdleConns(8)
+	var syncMode int
+	if err := c.db.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&syncMode); err != nil {
+		return err
+	}
+	if syncMode != 2 {
+		return fmt.Errorf("dbos: system database synchronous=%d, want 2 (FULL)", syncMode)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c.dctx, err = dbos.NewContext(ctx, dbos.Config{
+		AppName:        "runstate-bench",
+		SQLiteSystemDB: c.db,
+		Logger:         logger,
+	})
+	if err != nil {
+		return err
+	}
+	dbos.RegisterWorkflow(c.dctx, dbosCheckpointsWorkflow, dbos.WithWorkflowName("bench-checkpoints"))
+	dbosCurrent = c
+	if err := dbos.Launch(c.dctx); err != nil {
+		return err
+	}
+	// DBOS must not have changed the durability setting on any connection.
+	if err := c.checkSynchronous(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkSynchronous checks synchronous=FULL on every connection the pool has.
+func (c *dbosTransact) checkSynchronous(ctx context.Context) error {
+	var conns []*sql.Conn
+	defer func() {
+		for _, conn := range conns {
+			conn.Close()
+		}
+	}()
+	for range 8 {
+		conn, err := c.db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, conn)
+		var syncMode int
+		if err := conn.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&syncMode); err != nil {
+			return err
+		}
+		if syncMode != 2 {
+			return fmt.Errorf("dbos: a system database connection has synchronous=%d, want 2 (FULL)", syncMode)
+		}
+	}
+	return nil
+}
+
+func (c *dbosTransact) Checkpoints(_ context.Context, first, n int, lat []time.Duration) error {
+	c.mu.Lock()
+	c.sinks[first] = lat[:n]
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.sinks, first)
+		c.mu.Unlock()
+	}()
+	h, err := dbos.RunWorkflow(c.dctx, dbosCheckpointsWorkflow, dbosBatch{First: first, N: n},
+		dbos.WithWorkflowID(fmt.Sprintf("bench-%08d", first)))
+	if err != nil {
+		return err
+	}
+	done, err := h.GetResult()
+	if err != nil {
+		return err
+	}
+	if done != n {
+		return fmt.Errorf("dbos: workflow did %d of %d checkpoints", done, n)
+	}
+	return nil
+}
+
+func (c *dbosTransact) Close() error {
+	err := dbos.Shutdown(c.dctx, 30*time.Second)
+	if cerr := c.db.Close(); err == nil {
+		err = cerr
+	}
+	dbosCurrent = nil
+	return err
+}
