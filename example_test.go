@@ -1,0 +1,149 @@
+package runstate_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/runstate/runstate"
+)
+
+// A pipeline that runs in two sessions: the second one skips what the first
+// finished and redoes only the stage whose evidence changed.
+func Example() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	src := filepath.Join(dir, "parser.go") // the evidence the stages work from
+	os.WriteFile(src, []byte("package parser\n"), 0o644)
+
+	pipeline := func() {
+		run, err := runstate.Open(dir, &runstate.Options{Request: "add tests for the billing parser"})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer run.Close()
+		run.Plan(ctx, "inspect", "plan")
+		for _, stage := range []struct {
+			name   string
+			inputs []runstate.Input
+		}{
+			{"inspect", []runstate.Input{runstate.File(src)}},
+			{"plan", []runstate.Input{runstate.After("inspect")}},
+		} {
+			ran := false
+			err := run.Do(ctx, stage.name, func(ctx context.Context, st *runstate.Stage) error {
+				ran = true
+				body, _ := os.ReadFile(src)
+				return st.WriteFile("artifacts/"+stage.name+".txt", body)
+			}, stage.inputs...)
+			fmt.Printf("%s: ran=%v err=%v\n", stage.name, ran, err)
+		}
+	}
+
+	pipeline() // session 1 does the work
+	pipeline() // session 2 finds it done
+	os.WriteFile(src, []byte("package parser // changed\n"), 0o644)
+	pipeline() // session 3 redoes inspect, and plan after it
+
+	st, _ := runstate.Inspect(dir)
+	inspect, _ := st.Stage("inspect")
+	fmt.Println("inspect attempts:", inspect.Attempt)
+	fmt.Println("sessions:", st.Metrics.Sessions, "duplicated work:", st.Metrics.DuplicatedWork)
+	// Output:
+	// inspect: ran=true err=<nil>
+	// plan: ran=true err=<nil>
+	// inspect: ran=false err=<nil>
+	// plan: ran=false err=<nil>
+	// inspect: ran=true err=<nil>
+	// plan: ran=true err=<nil>
+	// inspect attempts: 2
+	// sessions: 3 duplicated work: 0
+}
+
+// Begin and Complete are the primitives under Do: Begin says ErrDone when
+// there is nothing to do.
+func ExampleRun_Begin() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	run, _ := runstate.Open(dir, &runstate.Options{Request: "primitives"})
+	defer run.Close()
+
+	st, err := run.Begin(ctx, "execute", runstate.Value("model", "small"))
+	fmt.Println("first begin:", err, "attempt", st.Attempt())
+	st.WriteFile("artifacts/diff.patch", []byte("--- a\n+++ b\n"))
+	fmt.Println("complete:", st.Complete())
+
+	_, err = run.Begin(ctx, "execute", runstate.Value("model", "small"))
+	fmt.Println("same evidence:", errors.Is(err, runstate.ErrDone))
+
+	st, err = run.Begin(ctx, "execute", runstate.Value("model", "large"))
+	fmt.Println("other evidence:", err, "attempt", st.Attempt())
+	s, _ := run.Status()
+	execute, _ := s.Stage("execute")
+	fmt.Println("why:", execute.Reason)
+	// Output:
+	// first begin: <nil> attempt 1
+	// complete: <nil>
+	// same evidence: true
+	// other evidence: <nil> attempt 2
+	// why: input model changed
+}
+
+// An external side effect happens once: the second call returns the stored
+// receipt without calling Do again.
+func ExampleRun_Effect() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	run, _ := runstate.Open(dir, &runstate.Options{Request: "file a ticket"})
+	defer run.Close()
+
+	sent := 0
+	ticket := runstate.Effect{
+		Request: map[string]string{"title": "billing parser rejects negative amounts"},
+		Do: func(ctx context.Context, key string) (json.RawMessage, error) {
+			sent++ // a real Do sends the request with Idempotency-Key: key
+			return json.RawMessage(`{"ticket":"T-1"}`), nil
+		},
+	}
+	for range 2 {
+		receipt, err := run.Effect(ctx, "ticket:billing", ticket)
+		fmt.Println(string(receipt), err)
+	}
+	fmt.Println("sent:", sent)
+	// Output:
+	// {"ticket":"T-1"} <nil>
+	// {"ticket":"T-1"} <nil>
+	// sent: 1
+}
+
+// A stage that needs a person stops the pipeline until someone approves it.
+func ExampleRun_Approve() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	run, _ := runstate.Open(dir, &runstate.Options{Request: "review"})
+	defer run.Close()
+
+	review := func(ctx context.Context, st *runstate.Stage) error {
+		st.WriteFile("artifacts/review.md", []byte("diff looks right?\n"))
+		return st.Await("read artifacts/review.md")
+	}
+	err := run.Do(ctx, "await-review", review)
+	fmt.Println(errors.Is(err, runstate.ErrNeedsPerson))
+	s, _ := run.Status()
+	fmt.Println(s.Blockers[0].Kind, s.Blockers[0].Stage+":", s.Blockers[0].Reason)
+
+	run.Approve(ctx, "await-review", "reviewer@example.com", "diff looks right")
+	fmt.Println(run.Do(ctx, "await-review", review)) // done now: fn is not called
+	// Output:
+	// true
+	// awaiting await-review: read artifacts/review.md
+	// <nil>
+}
