@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +147,52 @@ func TestRecordedNamesMustBeValidUTF8(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Begin(ctx, "ok", Value("modèle", 1))
 	assert.ErrorIs(t, err, ErrDone)
+}
+
+// FuzzReplay is the ledger reader without the file system, fast enough for
+// the short fuzz run in CI (.ci/run): on any bytes, replay never panics and
+// either accepts a prefix of whole lines, each continuing the chain, with
+// at most a torn last line after it, or stops with an error that names the
+// file, the next line and the byte offset where the good prefix ends.
+// FuzzLedger (fuzz_test.go) drives the same through Open, Inspect and Verify.
+func FuzzReplay(f *testing.F) {
+	for _, name := range []string{"basic.jsonl", "torn.jsonl", "foreign.jsonl", "format2.jsonl"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		require.NoError(f, err)
+		f.Add(data)
+		if i := bytes.IndexByte(data, '\n'); i > 0 {
+			f.Add(data[:len(data)-i/2])                                                 // torn
+			f.Add(append(append(bytes.Clone(data[:i+1]), "{bad}\n"...), data[i+1:]...)) // bad middle
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var c chain
+		n := 0
+		torn, err := replay(bytes.NewReader(data), "logs/ledger.jsonl", &c, func(rec *Record, line []byte) error {
+			n++
+			require.Equal(t, int64(n), rec.Seq, "records come 1..n")
+			return nil
+		})
+		require.Equal(t, int64(n), c.seq)
+		require.LessOrEqual(t, c.offset, int64(len(data)))
+		if c.offset > 0 {
+			require.Equal(t, byte('\n'), data[c.offset-1], "the accepted prefix ends with a whole line")
+		}
+		var ce *CorruptError
+		switch {
+		case err == nil:
+			if torn >= 0 {
+				require.Equal(t, c.offset, torn, "a torn tail starts where the good prefix ends")
+			} else {
+				require.Equal(t, int64(len(data)), c.offset, "no torn tail: every byte was accepted")
+			}
+		case errors.As(err, &ce):
+			require.Equal(t, "logs/ledger.jsonl", ce.Path)
+			require.Equal(t, n+1, ce.Line, "the error names the first line not accepted")
+			require.Equal(t, c.offset, ce.Offset, "at the byte where the good prefix ends")
+			require.True(t, errors.Is(err, ErrCorrupt))
+		default:
+			require.ErrorIs(t, err, ErrVersion, "any other error is a version error: %v", err)
+		}
+	})
 }

@@ -46,6 +46,11 @@ func newLineSource(r io.Reader) lineSource {
 		}
 		async = async && r.Size() >= asyncMin
 	case *os.File:
+	case interface{ Len() int }: // bytes.Reader, strings.Reader
+		if r.Len() < size {
+			size = r.Len() + 1
+		}
+		async = false
 	default:
 		async = false
 	}
