@@ -99,8 +99,10 @@
 //
 // # The crash guarantee
 //
-// Appends are made under an exclusive lock on logs/ledger.lock (gofrs/flock)
-// plus a mutex, as one write of whole lines. A record that acknowledges
+// Appends are made under an exclusive lock on logs/ledger.lock (flock(2) on
+// a descriptor held open for the session on Unix, gofrs/flock's LockFileEx on
+// Windows; session locks use gofrs/flock everywhere) plus a mutex, as one
+// write of whole lines. A record that acknowledges
 // something — complete, fail, skip, plan, await, approve, invalidate,
 // intent, confirm, create — is fsync'd before the call that wrote it
 // returns; a begin or open record is not (nothing was promised yet; a later

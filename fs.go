@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -77,7 +78,13 @@ func randomHex(n int) string {
 // over path. With sync, the directory is synced too, so the new name is
 // durable when writeAtomic returns. A failure leaves path as it was and no
 // temp file behind.
-func writeAtomic(fsys fileSystem, tmp, session, path string, data []byte, sync bool) (err error) {
+func writeAtomic(fsys fileSystem, tmp, session, path string, data []byte, sync bool) error {
+	return copyAtomic(fsys, tmp, session, path, bytes.NewReader(data), sync)
+}
+
+// copyAtomic is writeAtomic for what r holds, streamed (a whole ledger,
+// for Repair's backup).
+func copyAtomic(fsys fileSystem, tmp, session, path string, r io.Reader, sync bool) (err error) {
 	name := filepath.Join(tmp, session+"-"+randomHex(8))
 	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
@@ -89,7 +96,7 @@ func writeAtomic(fsys fileSystem, tmp, session, path string, data []byte, sync b
 			fsys.Remove(name)
 		}
 	}()
-	if _, err = f.Write(data); err != nil {
+	if _, err = io.Copy(f, r); err != nil {
 		return err
 	}
 	if sync {

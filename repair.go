@@ -193,7 +193,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 				ErrBusy, strings.Join(live, ", "), dir)
 		}
 		backup := lp + ".bak-" + stamp
-		if err := copyAtomic(fsys, path(tmpDir), backup, io.NewSectionReader(f, 0, size)); err != nil {
+		if err := copyAtomic(fsys, path(tmpDir), "repair", backup, io.NewSectionReader(f, 0, size), true); err != nil {
 			return nil, fmt.Errorf("runstate: back up %s to %s: %w", lp, backup, err)
 		}
 		lines, err := countLines(io.NewSectionReader(f, at, size-at))
@@ -270,35 +270,6 @@ func cutLedger(f file, lp string, size int64) error {
 		return &WriteError{Path: lp, Op: "sync", Err: err}
 	}
 	return nil
-}
-
-// copyAtomic writes what r holds to path the way writeAtomic does (temp
-// file in tmp, fsync, rename, directory fsync), streaming it.
-func copyAtomic(fsys fileSystem, tmp, path string, r io.Reader) (err error) {
-	name := filepath.Join(tmp, "repair-"+randomHex(8))
-	f, err := fsys.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			fsys.Remove(name)
-		}
-	}()
-	if _, err = io.Copy(f, r); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = fsys.Rename(name, path); err != nil {
-		return err
-	}
-	return fsys.SyncDir(filepath.Dir(path))
 }
 
 // countLines counts the lines in r, a last one without '\n' included.
