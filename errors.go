@@ -85,6 +85,8 @@ type CorruptError struct {
 	Err    error  // what is wrong
 }
 
+// Error names the file, the line and its byte offset, what is wrong, and
+// the command that reports every problem of the run.
 func (e *CorruptError) Error() string {
 	return fmt.Sprintf("runstate: %s line %d (byte %d): %v; run 'runstate verify DIR' for every problem, 'runstate repair' only cuts a torn tail",
 		e.Path, e.Line, e.Offset, e.Err)
@@ -99,20 +101,26 @@ func (e *CorruptError) Unwrap() []error { return []error{ErrCorrupt, e.Err} }
 // back; nothing acknowledged before is lost. When Sticky is true (a failed
 // fsync) the Run refuses every later write with ErrReadOnly.
 type WriteError struct {
-	Path   string
+	Path   string // the ledger (or, creating a run, a directory being synced)
 	Op     string // "write", "sync", "truncate"
-	Sticky bool
-	Err    error
+	Sticky bool   // the Run is read-only now (ErrReadOnly for every later write)
+	Err    error  // the operating system's error (ENOSPC, EIO ...)
 }
 
+// Error names the operation and the file, and says what to do: open the
+// run again when it turned read-only, call again after a failed write.
 func (e *WriteError) Error() string {
 	s := fmt.Sprintf("runstate: %s %s: %v", e.Op, e.Path, e.Err)
 	if e.Sticky {
 		s += "; the run is read-only now: open it again in a fresh process"
+	} else if e.Op == "write" {
+		s += "; nothing acknowledged was lost: fix the cause (free space?) and call again"
 	}
 	return s
 }
 
+// Unwrap returns the operating system's error, so that errors.Is finds
+// syscall.ENOSPC, for instance.
 func (e *WriteError) Unwrap() error { return e.Err }
 
 // classed is an error with a restart class attached by Retryable,
@@ -140,7 +148,9 @@ const (
 
 // Retryable marks err as worth retrying: Begin allows the stage again until
 // Options.MaxAttempts failures, then it awaits a person. An error that
-// carries no class is retryable.
+// carries no class is retryable. Like NeedsPerson and Fatal, Retryable only
+// wraps err and records nothing: Stage.Fail (or Do, when fn returns it)
+// records the class.
 func Retryable(err error) error {
 	if err == nil {
 		return nil

@@ -38,7 +38,7 @@ type Resolution struct {
 	Sent    bool            // true: it happened (with Receipt); false: it did not, and may be sent again
 	Receipt json.RawMessage // for Sent; nil is recorded as null
 	By      string          // who decided (required)
-	Note    string
+	Note    string          // why, for the record (optional)
 }
 
 // Effect performs the side effect e once for key across every session of
@@ -106,7 +106,7 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 					if cur.Session == r.session {
 						who = "this session"
 					}
-					return nil, fmt.Errorf("%w: effect %s is being attempted by %s", ErrBusy, key, who)
+					return nil, fmt.Errorf("%w: effect %s is being attempted by %s: call Effect again once that attempt ended", ErrBusy, key, who)
 				}
 				check, seen = true, cur.Seq
 				return nil, nil
@@ -216,7 +216,7 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		return nil, errors.Join(derr, err)
 	}
 	if derr != nil {
-		return nil, fmt.Errorf("%w: effect %s: %w", ErrUnconfirmed, key, derr)
+		return nil, fmt.Errorf("%w: effect %s: %w; call Effect again to ask its Check, or resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, derr, key)
 	}
 	return orNull(receipt), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +17,8 @@ import (
 // manifest.json when that is a valid snapshot and reads the ledger records
 // after it. A torn last line (a writer dying, or one still mid-write) is
 // ignored and reported in Status.Torn. Inspect fails with a *CorruptError
-// for a damaged ledger and ErrVersion for an unknown format.
+// for a damaged ledger and ErrVersion for an unknown format. Safe for
+// concurrent use, from any number of goroutines and processes.
 func Inspect(dir string) (*Status, error) {
 	st, torn, err := readOnly(dir)
 	if err != nil {
@@ -31,7 +33,9 @@ func Inspect(dir string) (*Status, error) {
 // the ledger as it stands: what logs/next-steps.txt holds when it is
 // current, even when that file is behind or missing. Like Inspect it takes
 // no lock, writes nothing and may run from any process while writers are
-// active; its first line names the ledger seq it reflects.
+// active; its first line names the ledger seq it reflects. It never
+// rewrites logs/next-steps.txt (the next writer or Open does). Safe for
+// concurrent use.
 func NextSteps(dir string) (string, error) {
 	st, _, err := readOnly(dir)
 	if err != nil {
@@ -40,18 +44,28 @@ func NextSteps(dir string) (string, error) {
 	return st.nextSteps(), nil
 }
 
-// readOnly loads the state of dir without a lock or a write.
-func readOnly(dir string) (*state, int64, error) {
+// openLedger opens the ledger of the run in dir for reading. Its error
+// says whether dir is missing or is not a run directory.
+func openLedger(dir string) (*os.File, string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
 	f, err := os.Open(lp)
-	if err != nil {
-		if isNotExist(err) {
-			if _, derr := os.Stat(dir); derr != nil {
-				return nil, 0, fmt.Errorf("runstate: %s: %w", dir, derr)
-			}
-			return nil, 0, fmt.Errorf("runstate: %s is not a run directory: %s does not exist", dir, lp)
+	if err == nil {
+		return f, lp, nil
+	}
+	if isNotExist(err) {
+		if _, derr := os.Stat(dir); derr != nil {
+			return nil, lp, fmt.Errorf("runstate: no run directory at %s: %w", dir, derr)
 		}
-		return nil, 0, fmt.Errorf("runstate: open %s: %w", lp, err)
+		return nil, lp, fmt.Errorf("runstate: %s is not a run directory (no %s): %w", dir, ledgerFile, fs.ErrNotExist)
+	}
+	return nil, lp, fmt.Errorf("runstate: cannot read the ledger: %w", err) // err names the file
+}
+
+// readOnly loads the state of dir without a lock or a write.
+func readOnly(dir string) (*state, int64, error) {
+	f, lp, err := openLedger(dir)
+	if err != nil {
+		return nil, 0, err
 	}
 	defer f.Close()
 	st, _, err := loadState(osFS{}, dir, f)
@@ -59,7 +73,7 @@ func readOnly(dir string) (*state, int64, error) {
 		return nil, 0, err
 	}
 	if st.pos.seq == 0 {
-		return nil, 0, fmt.Errorf("runstate: %s is empty: the run was never created", lp)
+		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -70,13 +84,16 @@ func readOnly(dir string) (*state, int64, error) {
 
 // ReadLedger calls fn for each record of the ledger in dir, in order,
 // checking the whole hash chain as it goes. A torn last line is not passed
-// to fn. It takes no lock and writes nothing; fn may stop the read by
-// returning an error, which ReadLedger returns.
+// to fn. Damage before the last line stops the read with a *CorruptError
+// naming the line and byte offset, after fn saw every record before it; an
+// unknown format is ErrVersion. It takes no lock and writes nothing; fn
+// may stop the read by returning an error, which ReadLedger returns. Safe
+// for concurrent use, also while other processes append (fn sees the
+// records present when the read reaches them).
 func ReadLedger(dir string, fn func(*Record) error) error {
-	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, err := os.Open(lp)
+	f, lp, err := openLedger(dir)
 	if err != nil {
-		return fmt.Errorf("runstate: open %s: %w", lp, err)
+		return err
 	}
 	defer f.Close()
 	var c chain
@@ -92,10 +109,12 @@ type Problem struct {
 	File   string `json:"file"`             // path of the file concerned
 	Line   int    `json:"line,omitempty"`   // ledger line, when it is one
 	Offset int64  `json:"offset,omitempty"` // byte offset of that line
-	What   string `json:"what"`
-	Fix    string `json:"fix,omitempty"` // what to do about it
+	What   string `json:"what"`             // what is wrong
+	Fix    string `json:"fix,omitempty"`    // what to do about it
 }
 
+// String is the problem on one line: the file (and ledger line and byte
+// offset), what is wrong and what to do about it.
 func (p Problem) String() string {
 	s := p.File
 	if p.Line > 0 {
@@ -108,12 +127,12 @@ func (p Problem) String() string {
 	return s
 }
 
-// Report is the result of Verify.
+// Report is the result of Verify: a plain value, safe to keep and share.
 type Report struct {
-	Dir      string    `json:"dir"`
-	Records  int64     `json:"records"` // records that passed the check
-	Bytes    int64     `json:"bytes"`   // ledger bytes that passed the check
-	Problems []Problem `json:"problems"`
+	Dir      string    `json:"dir"`      // the run directory, as passed to Verify
+	Records  int64     `json:"records"`  // records that passed the check
+	Bytes    int64     `json:"bytes"`    // ledger bytes that passed the check
+	Problems []Problem `json:"problems"` // empty when everything holds; never nil
 }
 
 // OK reports whether Verify found nothing wrong.
@@ -123,14 +142,17 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 // PRAGMA integrity_check does: every ledger line (seq, hash chain, a torn
 // tail), every artifact against its recorded hash, and whether
 // manifest.json and logs/next-steps.txt reflect the ledger. It takes no
-// lock and writes nothing. The error is non-nil only when dir cannot be
-// read at all; what is wrong is in Report.Problems.
+// lock and writes nothing, so it is safe for concurrent use, from any
+// number of goroutines and processes, while writers are active (the
+// projections may then lag the ledger by a few records, and Verify says
+// so). The error is non-nil only when the ledger cannot be read at all or
+// is in an unknown format (ErrVersion); what is wrong is in
+// Report.Problems.
 func Verify(dir string) (*Report, error) {
 	rep := &Report{Dir: dir, Problems: []Problem{}}
-	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, err := os.Open(lp)
+	f, lp, err := openLedger(dir)
 	if err != nil {
-		return nil, fmt.Errorf("runstate: open %s: %w", lp, err)
+		return nil, err
 	}
 	defer f.Close()
 	st := newState()
@@ -156,7 +178,8 @@ func Verify(dir string) (*Report, error) {
 			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
 	}
 	if st.pos.seq == 0 {
-		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created"})
+		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
+			Fix: "Open the directory with Options.Request to create the run, or remove it"})
 		return rep, nil
 	}
 	root, err := os.OpenRoot(dir)

@@ -38,9 +38,12 @@ const (
 	evResolve     = "resolve"
 )
 
-// Record is one line of logs/ledger.jsonl. Fields that do not apply are
-// omitted. Writers put seq, at and ev first and prev last; readers accept
-// any order and ignore unknown fields.
+// Record is one line of logs/ledger.jsonl; each field is the JSON field of
+// the same name that the package documentation describes (seq, at, ev,
+// session, stage, attempt, inputs, outputs, key, class, error, reason,
+// note, by, data, prev). Fields that do not apply are omitted. Writers put
+// seq, at and ev first and prev last; readers accept any order and ignore
+// unknown fields.
 type Record struct {
 	Seq     int64             `json:"seq"`
 	At      time.Time         `json:"at"`

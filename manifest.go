@@ -14,11 +14,11 @@ const manifestFile = "manifest.json"
 
 // Artifact is an output of a done stage, as the manifest lists it.
 type Artifact struct {
-	Path   string `json:"path"`
-	SHA256 string `json:"sha256"`
-	Size   int64  `json:"size"`
-	Stage  string `json:"stage"`
-	Seq    int64  `json:"seq"` // the complete record that recorded it
+	Path   string `json:"path"`   // relative to the run directory, with forward slashes
+	SHA256 string `json:"sha256"` // hex SHA-256 of the content the stage completed with
+	Size   int64  `json:"size"`   // in bytes
+	Stage  string `json:"stage"`  // the stage that produced it
+	Seq    int64  `json:"seq"`    // the complete record that recorded it
 }
 
 // snapshotPos names the last ledger record a manifest reflects: Open checks

@@ -37,8 +37,8 @@ type RepairOptions struct {
 // Repair returned. Paths are the run directory joined with the file's name
 // in the run. It is a plain value, safe to keep and share.
 type RepairReport struct {
-	Dir    string `json:"dir"`
-	Ledger string `json:"ledger"`
+	Dir    string `json:"dir"`    // the run directory, as passed to Repair
+	Ledger string `json:"ledger"` // the ledger's path
 	// Damage describes what was wrong with the ledger before the repair
 	// ("" when nothing was).
 	Damage string `json:"damage,omitempty"`

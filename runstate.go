@@ -53,7 +53,9 @@ type Options struct {
 
 	// ManifestInterval is how often, at most, a running session rewrites
 	// manifest.json (it is also written on Open and Close). Zero means one
-	// second; a negative value writes it after every append (tests).
+	// second; a negative value writes it after every append (tests). A
+	// session waits longer when a rewrite is slow (it is O(stages)), so
+	// that rewrites take at most about 2% of its time.
 	ManifestInterval time.Duration
 
 	// Logger receives warnings (a torn tail cut, a projection that could
@@ -104,14 +106,17 @@ type Run struct {
 	skipped  int // Begin found a stage done
 	deduped  int // Effect returned a stored receipt
 	manifest time.Time
+	// manifestCost is how long the last manifest rewrite took.
+	manifestCost time.Duration
 }
 
 // Open creates the run in dir, or resumes the run that is there, and starts
 // a session on it. A missing dir is created. When Open returns, the
 // session's open record (and, for a new run, its create record) is in the
 // ledger, the create record durably; logs/next-steps.txt and manifest.json
-// reflect the ledger. Several processes may Open one directory at once:
-// exactly one creates the run, the others resume it.
+// reflect the ledger. Open is safe for concurrent use: several goroutines
+// and processes may Open one directory at once, exactly one creates the
+// run and the others resume it, each as its own session.
 //
 // Open fails with ErrMismatch when the run serves another Request, with a
 // *CorruptError when the ledger is damaged before its last line (nothing
@@ -287,8 +292,11 @@ func (r *Run) open() error {
 func (r *Run) holdSession() error {
 	r.sesLock = flock.New(r.path(sessionsDir + "/" + r.session + ".lock"))
 	ok, err := r.sesLock.TryLock()
-	if err != nil || !ok {
-		return fmt.Errorf("runstate: lock %s: %v", r.sesLock.Path(), err)
+	if err != nil {
+		return fmt.Errorf("runstate: lock %s: %w", r.sesLock.Path(), err)
+	}
+	if !ok {
+		return fmt.Errorf("runstate: lock %s: held by another process (a session id used twice?); open the run again", r.sesLock.Path())
 	}
 	return nil
 }
@@ -650,7 +658,7 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.opts.ManifestInterval {
+	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.manifestInterval() {
 		r.writeManifest()
 	}
 }
@@ -697,7 +705,8 @@ func (r *Run) writeNextSteps() {
 // not match the ledger is ignored and rebuilt.
 func (r *Run) writeManifest() {
 	p := r.path(manifestFile)
-	data, err := r.st.encodeManifest(time.Now())
+	start := time.Now()
+	data, err := r.st.encodeManifest(start)
 	if err == nil {
 		err = writeAtomic(r.fs, r.path(tmpDir), r.session, p, data, false)
 	}
@@ -707,24 +716,42 @@ func (r *Run) writeManifest() {
 	}
 	r.mu.Lock()
 	r.manifest = time.Now()
+	r.manifestCost = r.manifest.Sub(start)
 	r.mu.Unlock()
 }
 
-// Dir returns the run directory as passed to Open.
+// manifestInterval is how long a running session waits between two
+// manifest rewrites: Options.ManifestInterval, or longer when a rewrite is
+// slow (it is O(stages) and holds the ledger lock), so that rewriting the
+// snapshot never takes more than about 2% of the time. A resume replays at
+// most what was appended since, at a million records a second.
+func (r *Run) manifestInterval() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.opts.ManifestInterval, 50*r.manifestCost)
+}
+
+// Dir returns the run directory as passed to Open. It reads no file; safe
+// for concurrent use, also after Close.
 func (r *Run) Dir() string { return r.dir }
 
-// ID returns the run's id (a UUIDv7, from its create record).
+// ID returns the run's id (a UUIDv7, from its create record). It reads no
+// file; safe for concurrent use, also after Close.
 func (r *Run) ID() string {
 	r.stMu.RLock()
 	defer r.stMu.RUnlock()
 	return r.st.identity.ID
 }
 
-// Session returns this session's id, as written in its records.
+// Session returns this session's id, as written in its records. Safe for
+// concurrent use, also after Close.
 func (r *Run) Session() string { return r.session }
 
 // Status returns the run's state as of the last record this session has
-// seen. It reads no file and takes no lock but an in-memory one.
+// seen (Refresh catches up with other processes first). It reads no file,
+// writes nothing and takes no lock but an in-memory one; the Status is a
+// snapshot, safe to keep and to read (not to modify). Safe for concurrent
+// use; after Close it returns ErrClosed.
 func (r *Run) Status() (*Status, error) {
 	if err := r.checkOpen(); err != nil {
 		return nil, err
@@ -734,7 +761,10 @@ func (r *Run) Status() (*Status, error) {
 	return r.st.status(r.dir), nil
 }
 
-// NextSteps returns the handoff text, as logs/next-steps.txt holds it.
+// NextSteps returns the handoff text, as logs/next-steps.txt holds it
+// after this session's last append, rendered from memory: it reads no file
+// and writes nothing. Safe for concurrent use; after Close it returns
+// ErrClosed.
 func (r *Run) NextSteps() (string, error) {
 	if err := r.checkOpen(); err != nil {
 		return "", err
@@ -748,6 +778,9 @@ func (r *Run) NextSteps() (string, error) {
 // wrote, so Status and NextSteps are current. It writes nothing but a cut
 // torn tail. Safe for concurrent use.
 func (r *Run) Refresh(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	_, err := r.commit(false, func(*state) ([]*Record, error) { return nil, nil })
 	return err
 }

@@ -40,8 +40,10 @@ const (
 )
 
 // File is the content of the file at path, opened as os.Open would (relative
-// to the working directory). Its name in the ledger is path as given. A
-// missing file is an error at Begin, never an empty fingerprint.
+// to the working directory). Its name in the ledger is path as given. The
+// file is hashed at Begin and again at Complete (a change in between makes
+// Complete return ErrStale). A missing file is an error at Begin, never an
+// empty fingerprint.
 func File(path string) Input { return Input{kind: inputFile, name: path} }
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
@@ -321,7 +323,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 					if st.Session == r.session {
 						who = "this session"
 					}
-					return nil, fmt.Errorf("%w: %s attempt %d is running in %s", ErrBusy, name, st.Attempt, who)
+					return nil, fmt.Errorf("%w: %s attempt %d is running in %s: wait for it to end (if that process died, the next Begin records it as interrupted and runs it again)", ErrBusy, name, st.Attempt, who)
 				}
 				recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt,
 					Reason: "session " + st.Session + " is gone"})
@@ -398,14 +400,15 @@ type Stage struct {
 	ended    bool
 }
 
-// Name returns the stage's name.
+// Name returns the stage's name. Safe for concurrent use, also after the
+// attempt ended.
 func (st *Stage) Name() string { return st.name }
 
 // Attempt returns the attempt number, 1 for the first begin of the stage in
-// the run.
+// the run. Safe for concurrent use, also after the attempt ended.
 func (st *Stage) Attempt() int { return st.attempt }
 
-// Run returns the run the stage belongs to.
+// Run returns the run the stage belongs to. Safe for concurrent use.
 func (st *Stage) Run() *Run { return st.run }
 
 // rel checks that p names a file inside the run directory and returns it
@@ -453,6 +456,9 @@ func (st *Stage) check() error {
 // Complete records its hash, and a later Begin redoes the stage if the
 // file did not survive. path is relative to the run directory (or absolute
 // inside it) and may not escape it, even through a symbolic link.
+// Nothing is written to the ledger until Complete or Await records the
+// output. Safe for concurrent use; after the attempt ended it returns
+// ErrClosed.
 func (st *Stage) WriteFile(path string, data []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -523,7 +529,10 @@ func (st *Stage) running(s *state) (*StageStatus, error) {
 }
 
 // Output records a file that the stage wrote by other means as one of its
-// outputs. It is hashed when the stage completes; it must exist then.
+// outputs. It is hashed when the stage completes (or awaits); it must exist
+// then. Like WriteFile, path must stay inside the run directory. Output
+// writes nothing: the ledger records the output with Complete or Await.
+// Safe for concurrent use; after the attempt ended it returns ErrClosed.
 func (st *Stage) Output(path string) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -554,7 +563,7 @@ func (st *Stage) collectOutputs() ([]Output, error) {
 		sum, size, err := st.run.hashOutput(rel)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("runstate: stage %s: output %s does not exist", st.name, rel)
+				return nil, fmt.Errorf("runstate: stage %s: output %s does not exist: write it before Complete, or do not declare it with Output", st.name, rel)
 			}
 			return nil, fmt.Errorf("runstate: stage %s: output %s: %w", st.name, rel, err)
 		}
@@ -661,7 +670,9 @@ func (st *Stage) Fail(err error) error {
 // Await ends the attempt as waiting for a person's review: the outputs
 // written so far are recorded, and the stage is complete once Approve is
 // called. Await returns an error wrapping ErrNeedsPerson when the await
-// record is durable, so that Do and the pipeline stop there.
+// record is durable (fsync'd), so that Do and the pipeline stop there; any
+// other error means the await was not acknowledged. Safe for concurrent
+// use; after the attempt ended it returns ErrClosed.
 func (st *Stage) Await(reason string) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()

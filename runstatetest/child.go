@@ -170,6 +170,8 @@ type Kill struct {
 	After time.Duration
 }
 
+// String says how the kill ends the child, as in "kill at after-begin
+// fetch" or "kill after 40ms"; the zero Kill is "no kill".
 func (k Kill) String() string {
 	switch {
 	case k.At.Point != 0 && k.After > 0:
@@ -192,7 +194,11 @@ type Outcome struct {
 	Err       error         // neither finished nor killed: it failed, or could not start
 }
 
-// Run starts the child once, applies k, and waits for it to end.
+// Run starts the child once, applies k, and waits for it to end. The
+// child's run directory holds whatever its records made durable; Run
+// itself writes nothing there. Safe for concurrent use (on different
+// directories, or on one directory to have several processes share a run,
+// as Storm does).
 func (c Child) Run(k Kill) Outcome {
 	exe, err := os.Executable()
 	if err != nil {

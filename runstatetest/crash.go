@@ -93,11 +93,13 @@ func ParsePoint(s string) (Point, error) {
 
 // At selects a crossing of a crash point.
 type At struct {
-	Point Point
+	Point Point  // the crash point; the zero At selects none
 	Name  string // the stage or effect key; "" matches any
 	Skip  int    // matching crossings to let pass first
 }
 
+// String names the crossing: the point, the name and which crossing, as
+// in "after-complete fetch (crossing 2)".
 func (a At) String() string {
 	s := a.Point.String()
 	if a.Name != "" {

@@ -138,7 +138,7 @@ func run(dir, input string, delay time.Duration, fresh bool) error {
 		if st.Attempt() > 1 {
 			fmt.Printf("redo  %-22s attempt %d: %s\n", s.name, st.Attempt(), why(r, s.name))
 		} else {
-			fmt.Printf("run   %-22s\n", s.name)
+			fmt.Printf("run   %s\n", s.name)
 		}
 		if err := work(); err != nil {
 			fmt.Println("\ninterrupted: run the same command again to resume")

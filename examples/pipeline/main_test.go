@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,11 +71,19 @@ func TestPipelineResumesAfterKill(t *testing.T) {
 	runPipeline(t, bin, want, "-delay", "0s")
 
 	dir := filepath.Join(t.TempDir(), "run")
-	for _, after := range []time.Duration{250 * time.Millisecond, 400 * time.Millisecond, 300 * time.Millisecond} {
-		var out bytes.Buffer
+	// Kill the first child once it has started the second stage (so
+	// inspect is done), and the next ones a little later in their run,
+	// wherever that lands.
+	for i, after := range []time.Duration{0, 150 * time.Millisecond, 250 * time.Millisecond} {
 		cmd := exec.Command(bin, "-dir", dir, "-input", "input/notes.txt", "-delay", "100ms")
-		cmd.Stdout, cmd.Stderr = &out, &out
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
 		require.NoError(t, cmd.Start())
+		if i == 0 {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() && !strings.HasPrefix(sc.Text(), "run   plan") {
+			}
+		}
 		time.Sleep(after)
 		require.NoError(t, cmd.Process.Kill())
 		_ = cmd.Wait()
