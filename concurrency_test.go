@@ -116,22 +116,7 @@ func TestConcurrentOpenCreatesOneRun(t *testing.T) {
 	}
 
 	base := t.TempDir()
-	var wg sync.WaitGroup
-	outs := make([][]byte, procs)
-	errs := make([]error, procs)
-	for p := 0; p < procs; p++ {
-		cmd := childCommand(t, "opener", base, strconv.Itoa(p))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[p], errs[p] = cmd.Output()
-			if errs[p] != nil {
-				errs[p] = fmt.Errorf("%w: %s", errs[p], stderr.String())
-			}
-		}()
-	}
+	wg, outs, errs := startChildren(t, "opener", base, procs)
 rounds:
 	for i := 0; i < rounds; i++ {
 		for p := 0; p < procs; p++ {
@@ -215,22 +200,7 @@ func TestConcurrentProcesses(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
 
-	var wg sync.WaitGroup
-	outs := make([][]byte, procs)
-	errs := make([]error, procs)
-	for p := 0; p < procs; p++ {
-		cmd := childCommand(t, "worker", dir, strconv.Itoa(p))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			outs[p], errs[p] = cmd.Output()
-			if errs[p] != nil {
-				errs[p] = fmt.Errorf("%w: %s", errs[p], stderr.String())
-			}
-		}()
-	}
+	wg, outs, errs := startChildren(t, "worker", dir, procs)
 
 	// Read the run while the workers write it: Inspect never fails (a
 	// torn tail mid-write is ignored) and never goes back.
@@ -485,4 +455,26 @@ func TestInspectReadOnly(t *testing.T) {
 		t.Fatal("a reader waits for the writers' lock")
 	}
 	assert.Equal(t, before, fileStates(t, dir), "readers changed the run")
+}
+
+// startChildren starts procs children running role on dir, each given its
+// index; wg is done when all have exited, with their stdout in outs and an
+// error that quotes their stderr in errs.
+func startChildren(t *testing.T, role, dir string, procs int) (wg *sync.WaitGroup, outs [][]byte, errs []error) {
+	t.Helper()
+	wg = new(sync.WaitGroup)
+	outs = make([][]byte, procs)
+	errs = make([]error, procs)
+	for p := 0; p < procs; p++ {
+		cmd := childCommand(t, role, dir, strconv.Itoa(p))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		wg.Go(func() {
+			outs[p], errs[p] = cmd.Output()
+			if errs[p] != nil {
+				errs[p] = fmt.Errorf("%w: %s", errs[p], stderr.String())
+			}
+		})
+	}
+	return wg, outs, errs
 }
