@@ -269,9 +269,7 @@ func TestConcurrentProcesses(t *testing.T) {
 		assert.Equal(t, 1, n, "%s: complete records", name)
 		assert.Equal(t, 1, begins[name], "%s: begin records", name)
 	}
-	rep, err := runstate.Verify(dir)
-	require.NoError(t, err)
-	assert.True(t, rep.OK(), "%v", rep.Problems)
+	assertVerifies(t, dir)
 	st, err := runstate.Inspect(dir)
 	require.NoError(t, err)
 	assert.Equal(t, 0, st.Metrics.DuplicatedWork)
@@ -311,9 +309,7 @@ func TestConcurrentGoroutinesDistinctStages(t *testing.T) {
 	for name, n := range completes {
 		assert.Equal(t, 1, n, name)
 	}
-	rep, err := runstate.Verify(dir)
-	require.NoError(t, err)
-	assert.True(t, rep.OK(), "%v", rep.Problems)
+	assertVerifies(t, dir)
 }
 
 // TestConcurrentGoroutinesSameStage: while one goroutine runs a stage, the

@@ -181,9 +181,7 @@ func crashTrial(t *testing.T, ref, src string, full time.Duration, rng *rand.Ran
 
 	assert.Equal(t, readTree(t, filepath.Join(ref, "artifacts")), readTree(t, filepath.Join(dir, "artifacts")),
 		"the outputs of the interrupted runs equal the uninterrupted run's")
-	rep, err := runstate.Verify(dir)
-	require.NoError(t, err)
-	assert.True(t, rep.OK(), "%v", rep.Problems)
+	assertVerifies(t, dir)
 	st, err := runstate.Inspect(dir)
 	require.NoError(t, err)
 	assert.Equal(t, 0, st.Metrics.DuplicatedWork)

@@ -118,6 +118,14 @@ func topKeys(t testing.TB, obj []byte) []string {
 // says a writer leaves it: every line '\n'-terminated and a record, seq
 // 1, 2, 3 … without gaps, prev the hash of the line before, and the fields
 // seq, at, ev first and prev last.
+// assertVerifies checks the whole run with Verify: no problem at all.
+func assertVerifies(t testing.TB, dir string) {
+	t.Helper()
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
+
 func checkLedger(t testing.TB, dir string) []ledgerLine {
 	t.Helper()
 	lines := parseLedger(t, readLedgerBytes(t, dir))
@@ -1177,9 +1185,7 @@ func TestManifestRebuiltWhenUnreadable(t *testing.T) {
 			assert.Equal(t, runstate.StateComplete, ss.State, "state rebuilt from the ledger")
 			assert.Equal(t, lastRecord(t, dir).Seq, readManifest(t, dir).Seq, "manifest rewritten on Open")
 			require.NoError(t, r.Close())
-			rep, err := runstate.Verify(dir)
-			require.NoError(t, err)
-			assert.True(t, rep.OK(), "%v", rep.Problems)
+			assertVerifies(t, dir)
 		})
 	}
 }
