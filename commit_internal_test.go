@@ -2,6 +2,8 @@ package runstate
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -54,4 +56,81 @@ func TestManifestIntervalStretchesWithCost(t *testing.T) {
 	r.mu.Unlock()
 	assert.Positive(t, cost)
 	assert.Less(t, cost, 5*time.Second)
+}
+
+// A begin alone does not republish the handoff: the stage's end does, or
+// the lag timer once the stage has run for handoffLag. Verify accepts a
+// handoff that lags by begins only (a session killed mid-stage leaves
+// one), and flags one that lags by anything else.
+func TestHandoffLagsByBeginsOnly(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	r := openCounted(t, dir, c, Options{ManifestInterval: -1}) // only the handoff lags
+	require.NoError(t, r.Plan(ctx, "short", "short2", "long"))
+	require.NoError(t, smallDo(ctx, r, "short"))
+	h0 := c.handoffs.Load()
+
+	// A short stage: one handoff rewrite, by its complete.
+	require.NoError(t, smallDo(ctx, r, "short2"))
+	assert.Equal(t, h0+1, c.handoffs.Load(), "a Do rewrites the handoff once")
+
+	// A long stage: the timer shows it running.
+	st, err := r.Begin(ctx, "long")
+	require.NoError(t, err)
+	assert.Equal(t, h0+1, c.handoffs.Load(), "Begin does not rewrite the handoff at once")
+	require.Eventually(t, func() bool { return r.lagFlushes.Load() == 1 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, h0+2, c.handoffs.Load())
+	seq, text := readHandoff(t, dir)
+	assert.Equal(t, r.st.pos.seq, seq)
+	assert.Contains(t, text, "next:     long (running, attempt 1)")
+	require.NoError(t, st.Complete())
+	assert.Equal(t, h0+3, c.handoffs.Load())
+
+	// Killed right after a Begin: the handoff lags by the begin, and
+	// Verify says nothing about it.
+	_, err = r.Begin(ctx, "killed")
+	require.NoError(t, err)
+	r.crash()
+	time.Sleep(2 * handoffLag)
+	assert.Zero(t, r.lagFlushes.Load()-1, "no republishing after the process died")
+	seq, _ = readHandoff(t, dir)
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	assert.Equal(t, rep.Records-1, seq, "the handoff lags by the begin")
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+
+	// A handoff behind a complete is a problem.
+	r2, err := Open(dir, &Options{Request: "perf", ManifestInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, smallDo(ctx, r2, "killed"))
+	stale, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(nextStepsFile)))
+	require.NoError(t, err)
+	require.NoError(t, smallDo(ctx, r2, "after"))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, filepath.FromSlash(nextStepsFile)), stale, 0o644))
+	rep, err = Verify(dir)
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1, "%v", rep.Problems)
+	assert.Contains(t, rep.Problems[0].What, "reflects seq")
+
+	// Close waits for a timer under way and stops it: nothing after.
+	_, err = r2.Begin(ctx, "at-close")
+	require.NoError(t, err)
+	require.NoError(t, r2.Close())
+	r2.mu.Lock()
+	assert.Nil(t, r2.flushTimer)
+	r2.mu.Unlock()
+	rep, err = Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
+
+func readHandoff(t *testing.T, dir string) (int64, string) {
+	t.Helper()
+	p := filepath.Join(dir, filepath.FromSlash(nextStepsFile))
+	seq, err := nextStepsSeq(p)
+	require.NoError(t, err)
+	text, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return seq, string(text)
 }

@@ -120,8 +120,12 @@
 //
 // next-steps.txt and manifest.json are projections of the ledger, replaced
 // atomically (temp file, rename) without fsync. next-steps.txt is replaced
-// after every append batch, under the lock, so it is current when a
-// checkpoint returns; manifest.json on Open, on Close and at most every
+// under the lock after every append batch that holds a record other than
+// a begin, so it is current when a checkpoint returns; a batch of begins
+// alone leaves it for the stage's end, or for a timer that shows a stage
+// still running after 50 ms (a session killed in that window leaves it
+// behind by begin records only, which Verify accepts). manifest.json is
+// replaced on Open, on Close and at most every
 // Options.ManifestInterval. A projection left behind the ledger, torn or
 // missing is rebuilt by the next Open. Open resumes from manifest.json when
 // the ledger still has, at the recorded offset, a record with the recorded

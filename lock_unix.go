@@ -19,7 +19,22 @@ func syncDir(dir string) error {
 }
 
 // rename is os.Rename: POSIX rename replaces the target atomically.
-func rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+// rename is rename(2). os.Rename also stats newpath first, to refuse
+// replacing a directory on every system alike; runstate never renames
+// over a directory it did not make, and rename(2) refuses a file over a
+// directory on its own.
+func rename(oldpath, newpath string) error {
+	for {
+		err := syscall.Rename(oldpath, newpath)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err}
+		}
+		return nil
+	}
+}
 
 // ledgerLock is the writers' lock on logs/ledger.lock. It keeps the file
 // open for the session's life, so that an append batch takes it with one

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofrs/flock"
@@ -80,7 +81,8 @@ type Run struct {
 	fs      fileSystem
 	log     *slog.Logger
 	session string
-	root    *os.Root // the run directory, for outputs: no path escapes it
+	root    *os.Root   // the run directory, for outputs: no path escapes it
+	out     outputDirs // on Linux, the directories WriteFile works in
 
 	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
@@ -94,18 +96,26 @@ type Run struct {
 	// next, and whether hard links failed here.
 	handoffNext int
 	handoffOff  bool
-	handoffMu   sync.Mutex // guards handoff (closeFiles may run mid-batch)
-	handoff     [2]file    // the handoff files, kept open where possible
+	// handoffBehind: next-steps.txt lags the ledger by begin records.
+	handoffBehind bool
+	lagFlushes    atomic.Int64 // handoffs republished by the lag timer
+	handoffMu     sync.Mutex   // guards handoff (closeFiles may run mid-batch)
+	handoff       [2]file      // the handoff files, kept open where possible
 
 	// mu guards the fields below it.
-	mu       sync.Mutex
-	closed   bool
-	sticky   error // first write error that makes the run read-only
-	queue    []*tx
-	leading  bool
-	skipped  int // Begin found a stage done
-	deduped  int // Effect returned a stored receipt
-	manifest time.Time
+	mu      sync.Mutex
+	closed  bool
+	sticky  error // first write error that makes the run read-only
+	queue   []*tx
+	leading bool
+	// flushTimer republishes a handoff that lags by begins (handoffLag);
+	// flushing counts its runs; closing: no new timer.
+	flushTimer *time.Timer
+	flushing   sync.WaitGroup
+	closing    bool
+	skipped    int // Begin found a stage done
+	deduped    int // Effect returned a stored receipt
+	manifest   time.Time
 	// manifestCost is how long the last manifest rewrite took.
 	manifestCost time.Duration
 }
@@ -181,6 +191,7 @@ func (r *Run) open() error {
 		return fmt.Errorf("runstate: open %s: %w", r.dir, err)
 	}
 	r.root = root
+	r.out.open(root)
 
 	r.lock, err = openLedgerLock(r.path(lockFile))
 	if err != nil {
@@ -467,7 +478,21 @@ type tx struct {
 	// released: done was closed early, once the records were written
 	// (a transaction without sync, in a batch that waits for an fsync).
 	released bool
+	// lazy: the handoff need not show these records at once (a begin);
+	// see handoffLag.
+	lazy bool
+	// flush: publish the handoff if it lags (the lag timer's transaction).
+	flush bool
 }
+
+// handoffLag is how long, at most, logs/next-steps.txt may lag the ledger
+// by begin records. A batch of begins alone does not republish the
+// handoff: the stage's complete (or fail, skip, await) comes soon and
+// republishes it, which halves the handoff rewrites of a short stage. A
+// stage that runs longer than this shows as running: a timer republishes
+// the handoff then. Every other record is in the handoff when the call
+// that appended it returns.
+const handoffLag = 50 * time.Millisecond
 
 // decide runs the transaction's fn. A panic in it (a bug) becomes the
 // transaction's error instead of unwinding through the leader, which
@@ -486,7 +511,11 @@ func (t *tx) decide(s *state) (recs []*Record, err error) {
 // leader takes the lock once, writes every queued transaction's records
 // with one write and one fsync, and wakes the others.
 func (r *Run) commit(sync bool, fn func(*state) ([]*Record, error)) ([]*Record, error) {
-	t := &tx{fn: fn, sync: sync, done: make(chan struct{})}
+	return r.commitTx(&tx{fn: fn, sync: sync})
+}
+
+func (r *Run) commitTx(t *tx) ([]*Record, error) {
+	t.done = make(chan struct{})
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -563,6 +592,9 @@ func (r *Run) catchUp() error {
 			return err
 		}
 	}
+	if fi.Size() == r.st.pos.offset {
+		return nil // no torn tail: spare cutTorn's stat
+	}
 	return r.cutTorn()
 }
 
@@ -576,9 +608,10 @@ func (r *Run) apply(batch []*tx) {
 	start := r.st.pos
 	startLen := r.st.lastLen
 	now := time.Now().UTC()
-	sync := false
+	sync, publish, flush := false, false, false
 	var ok []*tx
 	for _, t := range batch {
+		flush = flush || t.flush
 		recs, err := t.decide(r.st)
 		if err != nil {
 			t.err = err
@@ -602,9 +635,14 @@ func (r *Run) apply(batch []*tx) {
 		}
 		t.recs = recs
 		sync = sync || t.sync
+		publish = publish || (len(recs) > 0 && !t.lazy)
 		ok = append(ok, t)
 	}
 	if buf.Len() == 0 {
+		if flush && r.handoffBehind {
+			r.writeNextSteps()
+			r.lagFlushes.Add(1)
+		}
 		return
 	}
 	lp := r.path(ledgerFile)
@@ -653,7 +691,12 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	r.writeNextSteps()
+	if publish {
+		r.writeNextSteps()
+	} else {
+		r.handoffBehind = true
+		r.flushHandoffLater()
+	}
 	if err := r.hitBatch(hookBetweenProjections, ok); err != nil {
 		failAll(err)
 		return
@@ -695,9 +738,47 @@ func (r *Run) manifestAt() time.Time {
 // fsync, and a failure is only logged (the next Open rebuilds it). The
 // caller holds the ledger lock, so the newest one wins.
 func (r *Run) writeNextSteps() {
+	r.handoffBehind = false
 	p := r.path(nextStepsFile)
 	if err := r.publishNextSteps([]byte(r.st.nextSteps())); err != nil {
 		r.log.Warn("runstate: cannot write the handoff; the next Open rebuilds it", "file", p, "err", err)
+	}
+}
+
+// flushHandoffLater arms the timer that republishes the handoff when it
+// still lags by begin records handoffLag from now.
+func (r *Run) flushHandoffLater() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.closing || r.flushTimer != nil {
+		return
+	}
+	r.flushing.Add(1)
+	r.flushTimer = time.AfterFunc(handoffLag, func() {
+		defer r.flushing.Done()
+		r.mu.Lock()
+		r.flushTimer = nil
+		stop := r.closed || r.closing
+		r.mu.Unlock()
+		if !stop {
+			_, _ = r.commitTx(&tx{fn: func(*state) ([]*Record, error) { return nil, nil }, flush: true})
+		}
+	})
+}
+
+// stopFlush disarms the handoff timer for good and, with wait, waits for
+// a flush already under way.
+func (r *Run) stopFlush(wait bool) {
+	r.mu.Lock()
+	r.closing = true
+	t := r.flushTimer
+	r.flushTimer = nil
+	r.mu.Unlock()
+	if t != nil && t.Stop() {
+		r.flushing.Done()
+	}
+	if wait {
+		r.flushing.Wait()
 	}
 }
 
@@ -808,6 +889,7 @@ func (r *Run) Close() error {
 	sticky := r.sticky
 	d := closeData{Skipped: r.skipped, Deduplicated: r.deduped}
 	r.mu.Unlock()
+	r.stopFlush(true) // the close record republishes the handoff
 	var err error
 	if sticky == nil {
 		_, err = r.commit(true, func(s *state) ([]*Record, error) {
@@ -853,6 +935,7 @@ func (r *Run) release() {
 	if r.root != nil {
 		r.root.Close()
 	}
+	r.out.close()
 	r.closeFiles()
 }
 
@@ -863,6 +946,7 @@ func (r *Run) crash() {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.stopFlush(false) // crash may run inside a batch: do not wait for one
 	if r.sesLock != nil {
 		r.sesLock.Unlock() // a killed process leaves its lock file behind
 	}
@@ -872,5 +956,6 @@ func (r *Run) crash() {
 	if r.root != nil {
 		r.root.Close()
 	}
+	r.out.close()
 	r.closeFiles()
 }

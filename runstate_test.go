@@ -1020,7 +1020,16 @@ func TestNextStepsCurrentAfterEveryCheckpoint(t *testing.T) {
 	}
 	st, err := r.Begin(ctx, "verify")
 	require.NoError(t, err)
-	check("Begin")
+	// A begin alone does not republish the handoff at once (the stage's
+	// end will); a stage still running after handoffLag shows as running.
+	seq, handoff := nextStepsSeq(t, dir)
+	if last := lastRecord(t, dir).Seq; seq != last {
+		assert.Equal(t, last-1, seq, "right after Begin the handoff lags by the begin record at most")
+		assert.Contains(t, handoff, "next:     verify (not started)")
+		require.Eventually(t, func() bool { s, _ := nextStepsSeq(t, dir); return s == last }, 5*time.Second, 5*time.Millisecond,
+			"the handoff catches up with a begin within handoffLag")
+	}
+	assert.Contains(t, check("Begin"), "next:     verify (running, attempt 1)")
 	require.NoError(t, st.Fail(runstate.NeedsPerson(errors.New("flaky test"), "decide whether the flake matters")))
 	text := check("Fail")
 	assert.Contains(t, text, "blockers: 1")

@@ -310,7 +310,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		}
 		var fps map[string]string
 		var attempt int
-		_, err := r.commit(false, func(s *state) ([]*Record, error) {
+		_, err := r.commitTx(&tx{lazy: true, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
 				st = &StageStatus{Name: name, State: StatePending}
@@ -365,7 +365,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			attempt = st.Attempt + 1
 			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps})
 			return recs, nil
-		})
+		}})
 		if errors.Is(err, errRecheck) && tries < 10 {
 			continue
 		}
@@ -480,8 +480,12 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 // writeOutput writes an output through the run's os.Root: a symbolic link
 // that leads out of the run directory is refused.
 func (r *Run) writeOutput(rel string, data []byte) (err error) {
+	name := r.session + "-" + randomHex(8)
+	if r.out.write(rel, name, data) {
+		return nil
+	}
 	native := filepath.FromSlash(rel)
-	tmp := filepath.Join(filepath.FromSlash(tmpDir), r.session+"-"+randomHex(8))
+	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
 	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)

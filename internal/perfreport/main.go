@@ -108,6 +108,16 @@ func run(base string, rounds, n, records int, profile string) error {
 	if err := os.MkdirAll(filepath.Join(work, "rawout", "tmp"), 0o755); err != nil {
 		return err
 	}
+	outDir, err := os.Open(filepath.Join(work, "rawout"))
+	if err != nil {
+		return err
+	}
+	defer outDir.Close()
+	tmpDir, err := os.Open(filepath.Join(work, "rawout", "tmp"))
+	if err != nil {
+		return err
+	}
+	defer tmpDir.Close()
 	seqRun, err := runstate.Open(filepath.Join(work, "seq"), &runstate.Options{Request: "perfreport"})
 	if err != nil {
 		return err
@@ -136,11 +146,7 @@ func run(base string, rounds, n, records int, profile string) error {
 		return fdatasync(raw)
 	}
 	outOp := func() error {
-		tmp := filepath.Join(work, "rawout", "tmp", "t"+strconv.Itoa(rawCount))
-		if err := os.WriteFile(tmp, payload, 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, filepath.Join(work, "rawout", "o"+strconv.Itoa(rawCount)+".txt")); err != nil {
+		if err := writeOutput(tmpDir, outDir, "t"+strconv.Itoa(rawCount), "o"+strconv.Itoa(rawCount)+".txt", payload); err != nil {
 			return err
 		}
 		rawCount++

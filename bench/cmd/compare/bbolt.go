@@ -78,4 +78,7 @@ func (c *boltDB) Checkpoints(_ context.Context, first, n int, lat []time.Duratio
 	return nil
 }
 
-func (c *boltDB) Close() error { return c.db.Close() }
+func (c *boltDB) Close() error {
+	c.fw.close()
+	return c.db.Close()
+}

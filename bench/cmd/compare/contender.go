@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -124,18 +125,30 @@ func checkpointRecord(id int, data []byte) []byte {
 // fileWork is the output-file half of a checkpoint for the contenders that
 // are not runstate: like runstate's Stage.WriteFile, a temp file created with
 // O_EXCL in dir/tmp, written, closed (no fsync) and renamed to
-// dir/outputPath(id).
+// dir/outputPath(id). It keeps both directories open and, on Linux, does
+// it with the fewest system calls (openat, write, close, renameat), as
+// runstate's WriteFile does there, so that the contenders' file work costs
+// no more than runstate's.
 type fileWork struct {
-	dir     string
-	enabled bool
+	enabled  bool
+	tmp, out *os.File // dir/tmp and the directory of outputPath
 }
 
 func newFileWork(dir string) (fileWork, error) {
-	fw := fileWork{dir: dir, enabled: writeOutputs}
+	fw := fileWork{enabled: writeOutputs}
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		return fw, err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "artifacts"), 0o755); err != nil {
+	out := filepath.Join(dir, filepath.Dir(filepath.FromSlash(outputPath(0))))
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return fw, err
+	}
+	var err error
+	if fw.tmp, err = os.Open(filepath.Join(dir, "tmp")); err != nil {
+		return fw, err
+	}
+	if fw.out, err = os.Open(out); err != nil {
+		fw.tmp.Close()
 		return fw, err
 	}
 	return fw, nil
@@ -145,19 +158,12 @@ func (fw fileWork) write(id int, data []byte) error {
 	if !fw.enabled {
 		return nil
 	}
-	tmp := filepath.Join(fw.dir, "tmp", fmt.Sprintf("%s-%08d", benchSession, id))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
+	return writeOutput(fw.tmp, fw.out, fmt.Sprintf("%s-%08d", benchSession, id), path.Base(outputPath(id)), data)
+}
+
+func (fw fileWork) close() {
+	if fw.tmp != nil {
+		fw.tmp.Close()
+		fw.out.Close()
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(fw.dir, outputPath(id)))
 }

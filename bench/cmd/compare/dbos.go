@@ -176,6 +176,7 @@ func (c *dbosTransact) Checkpoints(_ context.Context, first, n int, lat []time.D
 }
 
 func (c *dbosTransact) Close() error {
+	c.fw.close()
 	err := dbos.Shutdown(c.dctx, 30*time.Second)
 	if cerr := c.db.Close(); err == nil {
 		err = cerr

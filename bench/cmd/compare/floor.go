@@ -57,4 +57,7 @@ func (c *floor) Checkpoints(_ context.Context, first, n int, lat []time.Duration
 	return nil
 }
 
-func (c *floor) Close() error { return c.f.Close() }
+func (c *floor) Close() error {
+	c.fw.close()
+	return c.f.Close()
+}

@@ -82,6 +82,7 @@ func (c *sqliteWAL) Checkpoints(ctx context.Context, first, n int, lat []time.Du
 }
 
 func (c *sqliteWAL) Close() error {
+	c.fw.close()
 	c.ins.Close()
 	return c.db.Close()
 }

@@ -1,0 +1,144 @@
+package runstate
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"syscall"
+)
+
+// outputDirs holds, on Linux, the two directories that Stage.WriteFile
+// works in, open for the session: the run directory and logs/tmp. With
+// them an output costs four system calls (create the temp file relative to
+// logs/tmp, write, close, renameat into place) plus one open and close per
+// directory level of its path, where going through os.Root costs about
+// twenty (os.Root walks every component of both paths again on each call,
+// and checks the new file for the poller). Anything unusual (a missing
+// directory, a symbolic link on the way, any error) falls back to the
+// os.Root path, which handles it and words the error.
+type outputDirs struct {
+	root *os.File // the run directory
+	tmp  *os.File // logs/tmp
+}
+
+// open opens the directories through root, so that they are the ones
+// os.Root would use. On failure the fast path is simply not used.
+func (d *outputDirs) open(root *os.Root) {
+	rf, err := root.Open(".")
+	if err != nil {
+		return
+	}
+	tf, err := root.Open(tmpDir)
+	if err != nil {
+		rf.Close()
+		return
+	}
+	d.root, d.tmp = rf, tf
+}
+
+func (d *outputDirs) close() {
+	if d.root != nil {
+		d.root.Close()
+		d.tmp.Close()
+	}
+}
+
+// errFallBack says the fast path declined.
+var errFallBack = errors.New("runstate: output fast path declined")
+
+// write writes data to rel (a clean, slash-separated path inside the run
+// directory) through a temp file named tmpName in logs/tmp, and reports
+// whether it did. When it did not, it left nothing behind and the caller
+// uses os.Root. The directories are used through Control, so a concurrent
+// Close cannot hand their descriptors to another file mid-call.
+func (d *outputDirs) write(rel, tmpName string, data []byte) bool {
+	if d.root == nil {
+		return false
+	}
+	err := errFallBack
+	_ = control(d.root, func(rootFd int) {
+		_ = control(d.tmp, func(tmpFd int) {
+			err = writeAt(rootFd, tmpFd, rel, tmpName, data)
+		})
+	})
+	return err == nil
+}
+
+func control(f *os.File, fn func(fd int)) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { fn(int(fd)) })
+}
+
+func writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte) error {
+	// The output's directory: each component opened with O_NOFOLLOW, so
+	// that no symbolic link is followed (os.Root follows those that stay
+	// inside; the fallback does).
+	dirFd, base := rootFd, rel
+	if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+		base = rel[i+1:]
+		for c := range strings.SplitSeq(rel[:i], "/") {
+			fd, err := openDir(dirFd, c)
+			if dirFd != rootFd {
+				syscall.Close(dirFd)
+			}
+			if err != nil {
+				return errFallBack
+			}
+			dirFd = fd
+		}
+		defer syscall.Close(dirFd)
+	}
+	fd, err := openat(tmpFd, tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return errFallBack
+	}
+	err = writeAll(fd, data)
+	if cerr := syscall.Close(fd); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = ignoringEINTR(func() error { return syscall.Renameat(tmpFd, tmpName, dirFd, base) })
+	}
+	if err != nil {
+		_ = syscall.Unlinkat(tmpFd, tmpName)
+		return errFallBack
+	}
+	return nil
+}
+
+func openDir(dirFd int, name string) (int, error) {
+	return openat(dirFd, name, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+}
+
+func openat(dirFd int, name string, flags int, perm uint32) (fd int, err error) {
+	err = ignoringEINTR(func() error {
+		fd, err = syscall.Openat(dirFd, name, flags, perm)
+		return err
+	})
+	return fd, err
+}
+
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := syscall.Write(fd, data)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+func ignoringEINTR(fn func() error) error {
+	for {
+		if err := fn(); err != syscall.EINTR {
+			return err
+		}
+	}
+}
