@@ -37,6 +37,10 @@ type countFS struct {
 	ledgerRead   atomic.Int64 // bytes read from logs/ledger.jsonl
 	handoffs     atomic.Int64 // renames over logs/next-steps.txt
 	syncDelay    time.Duration
+	// inSync, when set, receives a value as each ledger fsync starts;
+	// hold, when set, is waited on before each ledger fsync ends.
+	inSync chan struct{}
+	hold   chan struct{}
 }
 
 func newCountFS() *countFS { return &countFS{fileSystem: osFS{}} }
@@ -74,6 +78,12 @@ type countFile struct {
 func (f *countFile) Sync() error {
 	if f.ledger {
 		f.c.ledgerSyncs.Add(1)
+		if f.c.inSync != nil {
+			f.c.inSync <- struct{}{}
+		}
+		if f.c.hold != nil {
+			<-f.c.hold
+		}
 		time.Sleep(f.c.syncDelay)
 	} else {
 		f.c.otherSyncs.Add(1)
@@ -692,4 +702,56 @@ func TestMemoryIndependentOfLedgerLength(t *testing.T) {
 	small, large := heapOpen(10_000), heapOpen(100_000)
 	t.Logf("heap held while open: %d records %d KiB, %d records %d KiB", 10_000, small>>10, 100_000, large>>10)
 	assert.Less(t, large, small+1<<20, "ten times the records, about the same memory")
+}
+
+// While a complete waits for its fsync, another goroutine's Begin does not
+// wait for that fsync: it is written by the side (sideWrite) while the
+// leader holds the ledger lock, and it returns first. The complete's
+// fsync is the one that makes both durable; the handoff shows both.
+func TestBeginDoesNotWaitForAnFsync(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	r := openCounted(t, dir, c, Options{ManifestInterval: -1})
+	st, err := r.Begin(ctx, "slow")
+	require.NoError(t, err)
+	c.inSync, c.hold = make(chan struct{}), make(chan struct{})
+	completed := make(chan error, 1)
+	go func() { completed <- st.Complete() }()
+	<-c.inSync // the leader is in the complete's fsync, and stays there
+
+	begun := make(chan error, 1)
+	go func() {
+		_, err := r.Begin(ctx, "quick")
+		begun <- err
+	}()
+	select {
+	case err := <-begun:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Begin waited for another goroutine's fsync")
+	}
+	select {
+	case err := <-completed:
+		t.Fatalf("Complete returned before its fsync ended: %v", err)
+	default:
+	}
+	writes := c.ledgerWrites.Load()
+	c.inSync = nil
+	close(c.hold)
+	require.NoError(t, <-completed)
+	c.hold = nil
+	assert.Equal(t, writes, c.ledgerWrites.Load(), "the begin was written during the fsync")
+
+	seq, text := readHandoff(t, dir)
+	recs := records(t, dir)
+	last := recs[len(recs)-1]
+	assert.Equal(t, "begin", last.Ev)
+	assert.Equal(t, "quick", last.Stage)
+	assert.Equal(t, last.Seq, seq, "the complete's handoff shows the begin written during its fsync")
+	assert.Contains(t, text, "slow complete")
+	require.NoError(t, r.Close())
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
 }

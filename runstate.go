@@ -108,6 +108,12 @@ type Run struct {
 	sticky  error // first write error that makes the run read-only
 	queue   []*tx
 	leading bool
+	// syncing: the leader waits for an fsync, holding the ledger lock
+	// but not stMu; sideWriting: a goroutine writes begins meanwhile
+	// (sideWrite); the leader waits for sideWriters after the fsync.
+	syncing     bool
+	sideWriting bool
+	sideWriters sync.WaitGroup
 	// flushTimer republishes a handoff that lags by begins (handoffLag);
 	// flushing counts its runs; closing: no new timer.
 	flushTimer *time.Timer
@@ -527,6 +533,12 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 		return nil, fmt.Errorf("%w: %w", ErrReadOnly, err)
 	}
 	r.queue = append(r.queue, t)
+	if r.leading && r.syncing && !t.sync && !r.sideWriting {
+		r.sideWrite()
+		r.mu.Unlock()
+		<-t.done
+		return t.recs, t.err
+	}
 	if r.leading {
 		r.mu.Unlock()
 		<-t.done
@@ -544,6 +556,49 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	r.mu.Unlock()
 	<-t.done
 	return t.recs, t.err
+}
+
+// sideWrite writes the queued transactions that need no fsync (begins)
+// while the leader waits for an fsync: the leader holds the ledger lock
+// until then, and has released stMu, so a begin need not wait for a disk
+// flush that it does not need. Nothing else is done for them: they
+// publish no handoff (handoffLag) and the leader's batch writes the
+// manifest. The leader waits for side writers (sideWriters) before it
+// takes stMu again and, later, drops the ledger lock. The caller holds
+// r.mu, and holds it again when sideWrite returns.
+func (r *Run) sideWrite() {
+	r.sideWriting = true
+	r.sideWriters.Add(1)
+	defer func() {
+		r.sideWriting = false
+		r.sideWriters.Done()
+	}()
+	for r.syncing {
+		var now []*tx
+		rest := r.queue[:0:0]
+		for _, t := range r.queue {
+			if t.sync {
+				rest = append(rest, t)
+			} else {
+				now = append(now, t)
+			}
+		}
+		if len(now) == 0 {
+			return
+		}
+		r.queue = rest
+		r.mu.Unlock()
+		r.stMu.Lock()
+		if w := r.writeBatch(now); w.wrote {
+			r.handoffBehind = true
+			r.flushHandoffLater()
+		}
+		r.stMu.Unlock()
+		for _, t := range now {
+			close(t.done)
+		}
+		r.mu.Lock()
+	}
 }
 
 // runBatch takes the ledger lock, catches up with other processes' appends,
@@ -598,20 +653,28 @@ func (r *Run) catchUp() error {
 	return r.cutTorn()
 }
 
-// apply runs each transaction's fn, encodes the records into one buffer,
-// writes it with one write and, if any transaction asks, one fsync, then
-// replaces the projections. The caller holds the ledger lock and stMu.
-// On a failed write the ledger is cut back to where it was and the state
-// reloaded; on a failed fsync the run turns read-only.
-func (r *Run) apply(batch []*tx) {
+// written is what writeBatch appended.
+type written struct {
+	ok      []*tx // the transactions whose records (if any) are written
+	sync    bool  // one of them asks for an fsync
+	publish bool  // one of them appended a record the handoff must show at once
+	flush   bool  // one of them is the handoff lag timer's
+	wrote   bool  // there were records to write
+}
+
+// writeBatch runs each transaction's fn on the state, encodes the records
+// into one buffer and writes it with one write. On a failed write the
+// ledger is cut back to where it was, the state reloaded and every
+// transaction of the batch fails. The caller holds the ledger lock (or is
+// a side writer: see commitTx) and stMu.
+func (r *Run) writeBatch(batch []*tx) written {
+	var w written
 	var buf bytes.Buffer
 	start := r.st.pos
 	startLen := r.st.lastLen
 	now := time.Now().UTC()
-	sync, publish, flush := false, false, false
-	var ok []*tx
 	for _, t := range batch {
-		flush = flush || t.flush
+		w.flush = w.flush || t.flush
 		recs, err := t.decide(r.st)
 		if err != nil {
 			t.err = err
@@ -634,18 +697,44 @@ func (r *Run) apply(batch []*tx) {
 			r.st.lastLen = int64(len(line) + 1)
 		}
 		t.recs = recs
-		sync = sync || t.sync
-		publish = publish || (len(recs) > 0 && !t.lazy)
-		ok = append(ok, t)
+		w.sync = w.sync || t.sync
+		w.publish = w.publish || (len(recs) > 0 && !t.lazy)
+		w.ok = append(w.ok, t)
 	}
 	if buf.Len() == 0 {
-		if flush && r.handoffBehind {
+		return w
+	}
+	w.wrote = true
+	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
+		werr := &WriteError{Path: r.path(ledgerFile), Op: "write", Err: err}
+		if n > 0 {
+			if terr := r.ledger.Truncate(start.offset); terr != nil {
+				werr.Sticky = true
+				r.setSticky(werr)
+			}
+		}
+		for _, t := range w.ok {
+			t.err, t.recs = werr, nil
+		}
+		r.reload(start, startLen)
+		return written{}
+	}
+	return w
+}
+
+// apply writes the batch (writeBatch) and, if any transaction asks, fsyncs
+// it once, then replaces the projections. The caller holds the ledger lock
+// and stMu. On a failed fsync the run turns read-only.
+func (r *Run) apply(batch []*tx) {
+	w := r.writeBatch(batch)
+	if !w.wrote {
+		if w.flush && r.handoffBehind {
 			r.writeNextSteps()
 			r.lagFlushes.Add(1)
 		}
 		return
 	}
-	lp := r.path(ledgerFile)
+	ok := w.ok
 	failAll := func(err error) {
 		for _, t := range ok {
 			if !t.released {
@@ -653,35 +742,31 @@ func (r *Run) apply(batch []*tx) {
 			}
 		}
 	}
-	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
-		werr := &WriteError{Path: lp, Op: "write", Err: err}
-		if n > 0 {
-			if terr := r.ledger.Truncate(start.offset); terr != nil {
-				werr.Sticky = true
-				r.setSticky(werr)
-			}
-		}
-		failAll(werr)
-		r.reload(start, startLen)
-		return
-	}
-	if sync && !r.opts.NoSync {
+	if w.sync && !r.opts.NoSync {
 		// A transaction that asked for no fsync (a begin) is done once
 		// its records are written: let it go on while the batch waits
 		// for the disk. Readers of the state (Status, Begin's look at a
-		// stage's outputs) may come in meanwhile too; only a batch
-		// leader, which holds the ledger lock, changes the state.
+		// stage's outputs) may come in meanwhile too, and so may a side
+		// writer (see commitTx) with more begins: this process holds
+		// the ledger lock until the fsync is done.
 		for _, t := range ok {
 			if !t.sync && t.done != nil {
 				t.released = true
 				close(t.done)
 			}
 		}
+		r.mu.Lock()
+		r.syncing = true
+		r.mu.Unlock()
 		r.stMu.Unlock()
 		err := r.ledger.Sync()
+		r.mu.Lock()
+		r.syncing = false
+		r.mu.Unlock()
+		r.sideWriters.Wait()
 		r.stMu.Lock()
 		if err != nil {
-			werr := &WriteError{Path: lp, Op: "sync", Sticky: true, Err: err}
+			werr := &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
 			r.setSticky(werr)
 			failAll(werr)
 			return
@@ -691,7 +776,7 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	if publish {
+	if w.publish {
 		r.writeNextSteps()
 	} else {
 		r.handoffBehind = true
