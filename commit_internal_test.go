@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,4 +134,24 @@ func readHandoff(t *testing.T, dir string) (int64, string) {
 	text, err := os.ReadFile(p)
 	require.NoError(t, err)
 	return seq, string(text)
+}
+
+// The handoff files are rewritten in place and cut only when the new text
+// is shorter than the file: whatever the order of lengths, next-steps.txt
+// holds exactly the last text published.
+func TestHandoffRewrittenInPlace(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "inplace", NoSync: true})
+	require.NoError(t, err)
+	defer r.Close()
+	p := filepath.Join(dir, filepath.FromSlash(nextStepsFile))
+	for i, n := range []int{900, 900, 10, 500, 20, 20, 1000, 1, 0, 700} {
+		text := strings.Repeat(string(rune('a'+i)), n)
+		r.stMu.Lock()
+		require.NoError(t, r.publishNextSteps([]byte(text)))
+		r.stMu.Unlock()
+		got, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.Equal(t, text, string(got), "publish %d (%d bytes)", i, n)
+	}
 }

@@ -129,12 +129,24 @@ func (s *state) encodeManifest(now time.Time) ([]byte, error) {
 	for _, k := range slices.Sorted(maps.Keys(s.sessions)) {
 		m.Sessions = append(m.Sessions, s.sessions[k])
 	}
-	sum, err := m.sum()
+	// Encode once, with Sum empty, and write the sum into its place: Sum
+	// is the last field, so the encoding ends with `"sum": ""` and the
+	// closing brace. (Encoding twice doubled a rewrite's cost, and a
+	// rewrite is O(stages).)
+	data, err := m.encode()
 	if err != nil {
 		return nil, err
 	}
-	m.Sum = sum
-	return m.encode()
+	tail := []byte("\"sum\": \"\"\n}\n")
+	if !bytes.HasSuffix(data, tail) {
+		return nil, fmt.Errorf("runstate: manifest encoding does not end with the sum field")
+	}
+	out := make([]byte, 0, len(data)+64)
+	out = append(out, data[:len(data)-len(tail)]...)
+	out = append(out, "\"sum\": \""...)
+	out = append(out, lineHash(data)...)
+	out = append(out, "\"\n}\n"...)
+	return out, nil
 }
 
 // decodeManifest turns manifest.json back into a state. It checks the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"runtime"
 	"sort"
@@ -248,10 +249,17 @@ func (r *Run) writeHandoff(k int, path string, data []byte) error {
 	defer r.handoffMu.Unlock()
 	if f := r.handoff[k]; f != nil {
 		_, err := f.(io.WriterAt).WriteAt(data, 0)
-		if err == nil {
+		// Cut the file only when the new text is shorter than what it
+		// holds (a system call spared on most appends).
+		if err == nil && int64(len(data)) < r.handoffLen[k] {
 			err = f.Truncate(int64(len(data)))
 		}
-		return err
+		if err != nil {
+			r.handoffLen[k] = math.MaxInt64 // unknown: cut next time
+			return err
+		}
+		r.handoffLen[k] = int64(len(data))
+		return nil
 	}
 	f, err := r.fs.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -263,6 +271,7 @@ func (r *Run) writeHandoff(k int, path string, data []byte) error {
 	}
 	if _, ok := f.(io.WriterAt); ok && err == nil && runtime.GOOS != "windows" {
 		r.handoff[k] = f
+		r.handoffLen[k] = int64(len(data))
 		return nil
 	}
 	if cerr := f.Close(); err == nil {

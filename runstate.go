@@ -101,6 +101,7 @@ type Run struct {
 	lagFlushes    atomic.Int64 // handoffs republished by the lag timer
 	handoffMu     sync.Mutex   // guards handoff (closeFiles may run mid-batch)
 	handoff       [2]file      // the handoff files, kept open where possible
+	handoffLen    [2]int64     // the length of each handoff file, as last written
 
 	// mu guards the fields below it.
 	mu      sync.Mutex
