@@ -282,7 +282,10 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 // that died is recorded as interrupted and begun again.
 //
 // The begin record is written but not fsync'd: until Complete, Fail or
-// Await, nothing is acknowledged. Safe for concurrent use.
+// Await, nothing is acknowledged. It does not wait for another goroutine's
+// fsync either. logs/next-steps.txt shows the stage running once it has
+// run for 50 ms, or shows its end: a begin alone does not rewrite the
+// handoff. Safe for concurrent use.
 func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, error) {
 	if err := checkName(name); err != nil {
 		return nil, err

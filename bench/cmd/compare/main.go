@@ -45,10 +45,21 @@ func main() {
 		names      = flag.String("contenders", "", "comma-separated contenders to run (default: all but the optional ones; floor is always run)")
 		list       = flag.Bool("list", false, "list the contenders and exit")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the measured run to this file")
+		probe      = flag.Bool("probe", false, "instead of the comparison: time write+fdatasync alone and beside 1, 3 and 7 goroutines creating files")
 	)
 	flag.BoolVar(&writeOutputs, "outputs", true, "write each checkpoint's output file (false: the durable record alone)")
 	flag.Parse()
 
+	if *probe {
+		base := *dir
+		if base == "" {
+			base = os.TempDir()
+		}
+		if err := fsyncProbe(base, 1000); err != nil {
+			fatalf("%v", err)
+		}
+		return
+	}
 	if *list {
 		for _, ci := range registered() {
 			opt := ""
