@@ -155,3 +155,31 @@ func TestHandoffRewrittenInPlace(t *testing.T) {
 		require.Equal(t, text, string(got), "publish %d (%d bytes)", i, n)
 	}
 }
+
+// A Begin that also records another session's attempt as interrupted
+// republishes the handoff at once: it lags by begin records only.
+func TestHandoffCurrentAfterInterruptedBegin(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r1, err := Open(dir, &Options{Request: "lag"})
+	require.NoError(t, err)
+	defer r1.Close()
+	r2, err := Open(dir, &Options{Request: "lag"})
+	require.NoError(t, err)
+	_, err = r2.Begin(ctx, "x")
+	require.NoError(t, err)
+	r2.crash() // the session dies with x running
+
+	_, err = r1.Begin(ctx, "x")
+	require.NoError(t, err)
+	recs := records(t, dir)
+	require.GreaterOrEqual(t, len(recs), 2)
+	assert.Equal(t, []string{"interrupted", "begin"}, evs(recs[len(recs)-2:]))
+	seq, _ := readHandoff(t, dir)
+	assert.Equal(t, recs[len(recs)-1].Seq, seq, "the interrupted record is in the handoff when Begin returns")
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	for _, p := range rep.Problems {
+		assert.NotContains(t, p.File, "next-steps", "%v", p)
+	}
+}

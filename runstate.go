@@ -97,7 +97,9 @@ type Run struct {
 	handoffNext int
 	handoffOff  bool
 	// handoffBehind: next-steps.txt lags the ledger by begin records.
+	// sidePublish: a side writer appended another record meanwhile.
 	handoffBehind bool
+	sidePublish   bool
 	lagFlushes    atomic.Int64 // handoffs republished by the lag timer
 	handoffMu     sync.Mutex   // guards handoff (closeFiles may run mid-batch)
 	handoff       [2]file      // the handoff files, kept open where possible
@@ -592,6 +594,9 @@ func (r *Run) sideWrite() {
 		r.stMu.Lock()
 		if w := r.writeBatch(now); w.wrote {
 			r.handoffBehind = true
+			// A record other than a begin (an interrupted one, say) must be
+			// in the handoff the leader publishes after its fsync.
+			r.sidePublish = r.sidePublish || w.publish
 			r.flushHandoffLater()
 		}
 		r.stMu.Unlock()
@@ -654,6 +659,17 @@ func (r *Run) catchUp() error {
 	return r.cutTorn()
 }
 
+// onlyBegins reports whether recs are all begin records: the only ones
+// the handoff may lag (handoffLag).
+func onlyBegins(recs []*Record) bool {
+	for _, rec := range recs {
+		if rec.Ev != evBegin {
+			return false
+		}
+	}
+	return true
+}
+
 // written is what writeBatch appended.
 type written struct {
 	ok      []*tx // the transactions whose records (if any) are written
@@ -699,7 +715,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		}
 		t.recs = recs
 		w.sync = w.sync || t.sync
-		w.publish = w.publish || (len(recs) > 0 && !t.lazy)
+		w.publish = w.publish || (len(recs) > 0 && !(t.lazy && onlyBegins(recs)))
 		w.ok = append(w.ok, t)
 	}
 	if buf.Len() == 0 {
@@ -777,7 +793,8 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	if w.publish {
+	if w.publish || r.sidePublish {
+		r.sidePublish = false
 		r.writeNextSteps()
 	} else {
 		r.handoffBehind = true
