@@ -383,3 +383,130 @@ func TestInspectWhileWriterStopped(t *testing.T) {
 	t.Logf("last seq %d; %d reads saw a torn tail", lastSeq, torn)
 	assert.Greater(t, lastSeq, int64(2), "the writer made progress")
 }
+
+// groupCommitChild checkpoints from 8 goroutines at once, so that batches
+// are group-committed and begins are written beside a running fsync, and
+// reports each stage whose Do returned (acknowledged).
+func groupCommitChild(dir string) error {
+	ctx := context.Background()
+	r, err := runstate.Open(dir, &runstate.Options{Request: crashRequest})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range 25 {
+				name := fmt.Sprintf("g%d/s%02d", g, i)
+				err := r.Do(ctx, name, func(_ context.Context, st *runstate.Stage) error {
+					return st.WriteFile("artifacts/"+name+".txt", []byte("output of "+name+"\n"))
+				})
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", name, err)
+					return
+				}
+				report("ack", name)
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	return r.Close()
+}
+
+// TestCrashGroupCommit kills, with SIGKILL at random moments, a process
+// that checkpoints from 8 goroutines, then resumes it until it finishes.
+// After every kill the ledger is sound (a torn last line at most) and
+// holds a complete record for every stage whose Do had returned; at the
+// end every stage is complete exactly once, with its output, and Verify
+// finds nothing wrong.
+func TestCrashGroupCommit(t *testing.T) {
+	if childRole() == "group" {
+		if err := groupCommitChild(os.Getenv(childDirEnv)); err != nil {
+			childFail("%v", err)
+		}
+		return
+	}
+	dir := t.TempDir()
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 0))
+	t.Logf("seed %d", seed)
+	acked := map[string]bool{}
+	lp := filepath.Join(dir, "logs", "ledger.jsonl")
+	kills := 0
+	for run := 0; ; run++ {
+		require.Less(t, run, 100, "the child never finished")
+		cmd := childCommand(t, "group", dir, "")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		lines := make(chan string, 256)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(sc.Text(), "@ack "); ok {
+					lines <- v
+				}
+			}
+		}()
+		if kills < 12 {
+			// Kill after a random number of acknowledgements (or at once),
+			// a random moment later.
+			for n := rng.IntN(40); n > 0; n-- {
+				v, ok := <-lines
+				if !ok {
+					break
+				}
+				acked[v] = true
+			}
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}
+		for v := range lines {
+			acked[v] = true
+		}
+		err = cmd.Wait()
+
+		complete := map[string]int{}
+		require.NoError(t, runstate.ReadLedger(dir, func(rec *runstate.Record) error {
+			if rec.Ev == "complete" {
+				complete[rec.Stage]++
+			}
+			return nil
+		}))
+		for name := range acked {
+			assert.Equal(t, 1, complete[name], "acknowledged stage %s is complete once in the ledger", name)
+		}
+		t.Logf("run %d: %d stages complete, %d acknowledged so far", run, len(complete), len(acked))
+		rep, verr := runstate.Verify(dir)
+		require.NoError(t, verr)
+		for _, p := range rep.Problems {
+			if p.File == lp {
+				assert.Contains(t, p.What, "torn last line", "the ledger after a kill: %v", p)
+			}
+		}
+		if err == nil {
+			assert.Len(t, complete, 200, "every stage complete")
+			for name, n := range complete {
+				assert.Equal(t, 1, n, "%s completed once", name)
+				data, rerr := os.ReadFile(filepath.Join(dir, "artifacts", filepath.FromSlash(name)+".txt"))
+				require.NoError(t, rerr)
+				assert.Equal(t, "output of "+name+"\n", string(data))
+			}
+			assert.True(t, rep.OK(), "%v", rep.Problems)
+			break
+		}
+		ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "run %d failed by itself: %v: %s", run, err, stderr.String())
+		kills++
+	}
+	t.Logf("%d kills, %d stages acknowledged before a kill or at the end", kills, len(acked))
+}
