@@ -183,3 +183,31 @@ func TestHandoffCurrentAfterInterruptedBegin(t *testing.T) {
 		assert.NotContains(t, p.File, "next-steps", "%v", p)
 	}
 }
+
+// The lag timer's transaction republishes a lagging handoff even when it
+// shares its batch with more begins (which alone would leave it behind).
+func TestHandoffFlushInABatchOfBegins(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "flush", NoSync: true})
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = r.Begin(ctx, "x")
+	require.NoError(t, err)
+	r.stopFlush(false) // no timer: this test sends the flush itself
+	r.stMu.RLock()
+	behind := r.handoffBehind
+	r.stMu.RUnlock()
+	require.True(t, behind, "a begin alone leaves the handoff behind")
+
+	begin := &tx{lazy: true, done: make(chan struct{}), fn: func(*state) ([]*Record, error) {
+		return []*Record{{Ev: evBegin, Stage: "y", Attempt: 1}}, nil
+	}}
+	flush := &tx{flush: true, done: make(chan struct{}), fn: func(*state) ([]*Record, error) { return nil, nil }}
+	r.runBatch([]*tx{begin, flush})
+	require.NoError(t, begin.err)
+	recs := records(t, dir)
+	seq, text := readHandoff(t, dir)
+	assert.Equal(t, recs[len(recs)-1].Seq, seq, "the flush published the handoff, with the begin beside it")
+	assert.NotContains(t, text, "(not started)")
+}

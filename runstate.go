@@ -793,7 +793,7 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	if w.publish || r.sidePublish {
+	if w.publish || r.sidePublish || (w.flush && r.handoffBehind) {
 		r.sidePublish = false
 		r.writeNextSteps()
 	} else {
