@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +42,9 @@ type countFS struct {
 	// hold, when set, is waited on before each ledger fsync ends.
 	inSync chan struct{}
 	hold   chan struct{}
+	// failWrites: that many next ledger writes fail with ENOSPC, writing
+	// nothing.
+	failWrites atomic.Int64
 }
 
 func newCountFS() *countFS { return &countFS{fileSystem: osFS{}} }
@@ -93,6 +97,10 @@ func (f *countFile) Sync() error {
 
 func (f *countFile) Write(p []byte) (int, error) {
 	if f.ledger {
+		if f.c.failWrites.Load() > 0 {
+			f.c.failWrites.Add(-1)
+			return 0, syscall.ENOSPC
+		}
 		f.c.ledgerWrites.Add(1)
 	}
 	return f.file.Write(p)
@@ -750,6 +758,48 @@ func TestBeginDoesNotWaitForAnFsync(t *testing.T) {
 	assert.Equal(t, "quick", last.Stage)
 	assert.Equal(t, last.Seq, seq, "the complete's handoff shows the begin written during its fsync")
 	assert.Contains(t, text, "slow complete")
+	require.NoError(t, r.Close())
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
+
+// A begin written beside a running fsync that fails (a full disk) fails
+// alone: the ledger is cut back, the complete whose fsync was running is
+// acknowledged, and the begin can be tried again.
+func TestSideWriteFailure(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	r := openCounted(t, dir, c, Options{})
+	st, err := r.Begin(ctx, "slow")
+	require.NoError(t, err)
+	c.inSync, c.hold = make(chan struct{}), make(chan struct{})
+	completed := make(chan error, 1)
+	go func() { completed <- st.Complete() }()
+	<-c.inSync
+
+	c.failWrites.Store(1)
+	_, err = r.Begin(ctx, "quick")
+	var werr *WriteError
+	require.ErrorAs(t, err, &werr, "the side-written begin fails")
+	assert.ErrorIs(t, err, syscall.ENOSPC)
+	assert.False(t, werr.Sticky)
+	c.inSync = nil
+	close(c.hold)
+	require.NoError(t, <-completed, "the complete whose fsync ran is acknowledged")
+	c.hold = nil
+
+	_, err = r.Begin(ctx, "quick")
+	require.NoError(t, err, "tried again")
+	recs := records(t, dir)
+	begins := 0
+	for _, rec := range recs {
+		if rec.Ev == "begin" && rec.Stage == "quick" {
+			begins++
+		}
+	}
+	assert.Equal(t, 1, begins, "the failed begin left nothing in the ledger")
 	require.NoError(t, r.Close())
 	rep, err := Verify(dir)
 	require.NoError(t, err)
