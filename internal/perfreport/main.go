@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+
+	"github.com/runstate/runstate/internal/floorio"
 )
 
 func main() {
@@ -143,10 +145,10 @@ func run(base string, rounds, n, records int, profile string) error {
 		if _, err := raw.Write(line); err != nil {
 			return err
 		}
-		return fdatasync(raw)
+		return floorio.Fdatasync(raw)
 	}
 	outOp := func() error {
-		if err := writeOutput(tmpDir, outDir, "t"+strconv.Itoa(rawCount), "o"+strconv.Itoa(rawCount)+".txt", payload); err != nil {
+		if err := floorio.WriteOutput(tmpDir, outDir, "t"+strconv.Itoa(rawCount), "o"+strconv.Itoa(rawCount)+".txt", payload); err != nil {
 			return err
 		}
 		rawCount++

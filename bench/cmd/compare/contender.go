@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/runstate/runstate/internal/floorio"
 )
 
 // A contender is one way of durably recording checkpoints. Each contender
@@ -158,7 +160,7 @@ func (fw fileWork) write(id int, data []byte) error {
 	if !fw.enabled {
 		return nil
 	}
-	return writeOutput(fw.tmp, fw.out, fmt.Sprintf("%s-%08d", benchSession, id), path.Base(outputPath(id)), data)
+	return floorio.WriteOutput(fw.tmp, fw.out, fmt.Sprintf("%s-%08d", benchSession, id), path.Base(outputPath(id)), data)
 }
 
 func (fw fileWork) close() {

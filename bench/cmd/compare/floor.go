@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/runstate/runstate/internal/floorio"
 )
 
 // floor is the reference: the output file, then one write of the record
@@ -49,7 +51,7 @@ func (c *floor) Checkpoints(_ context.Context, first, n int, lat []time.Duration
 		if _, err := c.f.Write(rec); err != nil {
 			return err
 		}
-		if err := fdatasync(c.f); err != nil {
+		if err := floorio.Fdatasync(c.f); err != nil {
 			return err
 		}
 		lat[k] = time.Since(t0)

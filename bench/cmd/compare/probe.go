@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/runstate/runstate/internal/floorio"
 )
 
 // fsyncProbe (-probe) measures how long one write + fdatasync of a
@@ -56,7 +58,7 @@ func fsyncProbe(base string, n int) error {
 			if _, err := f.Write(line); err != nil {
 				return err
 			}
-			if err := fdatasync(f); err != nil {
+			if err := floorio.Fdatasync(f); err != nil {
 				return err
 			}
 			appends = append(appends, time.Since(t))
@@ -64,7 +66,7 @@ func fsyncProbe(base string, n int) error {
 			if _, err := pre.WriteAt(line, int64(i/2*len(line))); err != nil {
 				return err
 			}
-			if err := fdatasync(pre); err != nil {
+			if err := floorio.Fdatasync(pre); err != nil {
 				return err
 			}
 			overwrites = append(overwrites, time.Since(t))
@@ -98,7 +100,7 @@ func fsyncProbe(base string, n int) error {
 			if _, err := f.Write(line); err != nil {
 				return err
 			}
-			if err := fdatasync(f); err != nil {
+			if err := floorio.Fdatasync(f); err != nil {
 				return err
 			}
 			d = append(d, time.Since(t))
