@@ -780,7 +780,16 @@ func TestSideWriteFailure(t *testing.T) {
 	<-c.inSync
 
 	c.failWrites.Store(1)
-	_, err = r.Begin(ctx, "quick")
+	begun := make(chan error, 1)
+	go func() {
+		_, err := r.Begin(ctx, "quick")
+		begun <- err
+	}()
+	select {
+	case err = <-begun:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Begin waited for another goroutine's fsync")
+	}
 	var werr *WriteError
 	require.ErrorAs(t, err, &werr, "the side-written begin fails")
 	assert.ErrorIs(t, err, syscall.ENOSPC)
