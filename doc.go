@@ -107,7 +107,9 @@
 // intent, confirm, create — is fsync'd before the call that wrote it
 // returns; a begin or open record is not (nothing was promised yet; a later
 // fsync covers it). Concurrent appends in one process are group-committed:
-// one lock, one write and one fsync for the batch. A failed fsync is never
+// one lock, one write and one fsync for the batch; begins that come while
+// the batch waits for its fsync are written meanwhile, under the same lock,
+// and do not wait for it. A failed fsync is never
 // retried: the Run turns read-only (ErrReadOnly), because the kernel may
 // already have dropped the data.
 //
