@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -128,28 +129,37 @@ func TestCrashResume(t *testing.T) {
 	}
 }
 
+// startReporting starts a child playing role and streams the values of
+// the "@key value" lines it prints (report) until it exits. Its standard
+// error is gathered in the returned buffer.
+func startReporting(t *testing.T, role, dir, arg, key string) (*exec.Cmd, *bytes.Buffer, <-chan string) {
+	t.Helper()
+	cmd := childCommand(t, role, dir, arg)
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	values := make(chan string, 256)
+	go func() {
+		defer close(values)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "@"+key+" "); ok {
+				values <- v
+			}
+		}
+	}()
+	return cmd, stderr, values
+}
+
 // crashTrial runs the pipeline in a new directory, killing it until it
 // completes, and compares the result with the reference run in ref.
 func crashTrial(t *testing.T, ref, src string, full time.Duration, rng *rand.Rand) {
 	dir := t.TempDir()
 	kills, runs := 0, 0
 	for ; ; runs++ {
-		cmd := childCommand(t, "pipeline", dir, src)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		steps := make(chan string, 64)
-		go func() {
-			defer close(steps)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				if v, ok := strings.CutPrefix(sc.Text(), "@step "); ok {
-					steps <- v
-				}
-			}
-		}()
+		cmd, stderr, steps := startReporting(t, "pipeline", dir, src, "step")
 		if kills < 10 {
 			// Kill at a random time, or a random time after a random
 			// number of stages began (to land inside the work, not just
@@ -168,7 +178,7 @@ func crashTrial(t *testing.T, ref, src string, full time.Duration, rng *rand.Ran
 		}
 		for range steps {
 		}
-		err = cmd.Wait()
+		err := cmd.Wait()
 		if err == nil {
 			break
 		}
@@ -441,22 +451,7 @@ func TestCrashGroupCommit(t *testing.T) {
 	kills := 0
 	for run := 0; ; run++ {
 		require.Less(t, run, 100, "the child never finished")
-		cmd := childCommand(t, "group", dir, "")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		lines := make(chan string, 256)
-		go func() {
-			defer close(lines)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				if v, ok := strings.CutPrefix(sc.Text(), "@ack "); ok {
-					lines <- v
-				}
-			}
-		}()
+		cmd, stderr, lines := startReporting(t, "group", dir, "", "ack")
 		if kills < 12 {
 			// Kill after a random number of acknowledgements (or at once),
 			// a random moment later.
@@ -473,7 +468,7 @@ func TestCrashGroupCommit(t *testing.T) {
 		for v := range lines {
 			acked[v] = true
 		}
-		err = cmd.Wait()
+		err := cmd.Wait()
 
 		complete := map[string]int{}
 		require.NoError(t, runstate.ReadLedger(dir, func(rec *runstate.Record) error {
