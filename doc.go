@@ -109,7 +109,8 @@
 // fsync covers it). Concurrent appends in one process are group-committed:
 // one lock, one write and one fsync for the batch; begins that come while
 // the batch waits for its fsync are written meanwhile, under the same lock,
-// and do not wait for it. A failed fsync is never
+// and do not wait for it (unless they record another record the handoff
+// must show, such as an interrupted attempt). A failed fsync is never
 // retried: the Run turns read-only (ErrReadOnly), because the kernel may
 // already have dropped the data.
 //

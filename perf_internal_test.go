@@ -814,3 +814,51 @@ func TestSideWriteFailure(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, rep.OK(), "%v", rep.Problems)
 }
+
+// A Begin that records another session's attempt as interrupted, written
+// beside a running fsync, returns only once the handoff shows it (after
+// that fsync): only begin records alone may leave the handoff behind.
+func TestSideWrittenInterruptedWaitsForHandoff(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newCountFS()
+	r := openCounted(t, dir, c, Options{})
+	defer r.Close()
+	dead, err := Open(dir, &Options{Request: "perf"})
+	require.NoError(t, err)
+	_, err = dead.Begin(ctx, "x")
+	require.NoError(t, err)
+	dead.crash() // x is left running by a dead session
+
+	st, err := r.Begin(ctx, "slow")
+	require.NoError(t, err)
+	c.inSync, c.hold = make(chan struct{}), make(chan struct{})
+	completed := make(chan error, 1)
+	go func() { completed <- st.Complete() }()
+	<-c.inSync // the leader sits in the complete's fsync
+	writes := c.ledgerWrites.Load()
+
+	begun := make(chan error, 1)
+	go func() {
+		_, err := r.Begin(ctx, "x")
+		begun <- err
+	}()
+	require.Eventually(t, func() bool { return c.ledgerWrites.Load() > writes }, 10*time.Second, time.Millisecond,
+		"the begin is written beside the fsync")
+	select {
+	case err := <-begun:
+		c.inSync = nil
+		close(c.hold) // let the leader and Close go on
+		t.Fatalf("Begin returned (%v) before the handoff showed its interrupted record", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.inSync = nil
+	close(c.hold)
+	require.NoError(t, <-begun)
+	require.NoError(t, <-completed)
+	c.hold = nil
+	recs := records(t, dir)
+	seq, _ := readHandoff(t, dir)
+	assert.Equal(t, recs[len(recs)-1].Seq, seq, "the handoff is current when Begin returns")
+	assert.Equal(t, []string{"interrupted", "begin"}, evs(recs[len(recs)-2:]))
+}

@@ -97,9 +97,10 @@ type Run struct {
 	handoffNext int
 	handoffOff  bool
 	// handoffBehind: next-steps.txt lags the ledger by begin records.
-	// sidePublish: a side writer appended another record meanwhile.
+	// sideHeld: transactions a side writer wrote whose records the
+	// handoff must show before they return (see sideWrite).
 	handoffBehind bool
-	sidePublish   bool
+	sideHeld      []*tx
 	lagFlushes    atomic.Int64 // handoffs republished by the lag timer
 	handoffMu     sync.Mutex   // guards handoff (closeFiles may run mid-batch)
 	handoff       [2]file      // the handoff files, kept open where possible
@@ -564,9 +565,10 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 // sideWrite writes the queued transactions that need no fsync (begins)
 // while the leader waits for an fsync: the leader holds the ledger lock
 // until then, and has released stMu, so a begin need not wait for a disk
-// flush that it does not need. Nothing else is done for them: they
-// publish no handoff (handoffLag) and the leader's batch writes the
-// manifest. The leader waits for side writers (sideWriters) before it
+// flush that it does not need. A transaction of begin records alone
+// returns at once (the handoff may lag it: handoffLag); one with another
+// record (an interrupted attempt) is held until the leader has published
+// the handoff after its fsync. The leader's batch writes the manifest. The leader waits for side writers (sideWriters) before it
 // takes stMu again and, later, drops the ledger lock. The caller holds
 // r.mu, and holds it again when sideWrite returns.
 func (r *Run) sideWrite() {
@@ -592,16 +594,25 @@ func (r *Run) sideWrite() {
 		r.queue = rest
 		r.mu.Unlock()
 		r.stMu.Lock()
+		var held []*tx
 		if w := r.writeBatch(now); w.wrote {
 			r.handoffBehind = true
-			// A record other than a begin (an interrupted one, say) must be
-			// in the handoff the leader publishes after its fsync.
-			r.sidePublish = r.sidePublish || w.publish
 			r.flushHandoffLater()
+			// A record other than a begin (an interrupted one, say) must be
+			// in the handoff when its call returns: the leader publishes
+			// after its fsync and then lets those transactions go.
+			for _, t := range w.ok {
+				if len(t.recs) > 0 && !onlyBegins(t.recs) {
+					held = append(held, t)
+				}
+			}
+			r.sideHeld = append(r.sideHeld, held...)
 		}
 		r.stMu.Unlock()
 		for _, t := range now {
-			close(t.done)
+			if !slices.Contains(held, t) {
+				close(t.done)
+			}
 		}
 		r.mu.Lock()
 	}
@@ -634,6 +645,12 @@ func (r *Run) runBatch(batch []*tx) {
 			close(t.done)
 		}
 	}
+	// Side-written transactions held for the handoff: apply published it
+	// (or could not; it logged why).
+	for _, t := range r.sideHeld {
+		close(t.done)
+	}
+	r.sideHeld = nil
 }
 
 // catchUp applies what other processes appended since this one last looked,
@@ -683,7 +700,7 @@ type written struct {
 // into one buffer and writes it with one write. On a failed write the
 // ledger is cut back to where it was, the state reloaded and every
 // transaction of the batch fails. The caller holds the ledger lock (or is
-// a side writer: see commitTx) and stMu.
+// a side writer: see sideWrite) and stMu.
 func (r *Run) writeBatch(batch []*tx) written {
 	var w written
 	var buf bytes.Buffer
@@ -793,8 +810,7 @@ func (r *Run) apply(batch []*tx) {
 		failAll(err)
 		return
 	}
-	if w.publish || r.sidePublish || (w.flush && r.handoffBehind) {
-		r.sidePublish = false
+	if w.publish || len(r.sideHeld) > 0 || (w.flush && r.handoffBehind) {
 		r.writeNextSteps()
 	} else {
 		r.handoffBehind = true
