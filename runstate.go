@@ -442,19 +442,19 @@ func precededByNewline(f file, off int64) bool {
 // cutTorn moves a torn last line aside and truncates the ledger to the last
 // good record. The caller holds the ledger lock.
 func (r *Run) cutTorn() error {
-	fi, err := r.ledger.Stat()
+	size, err := fileSize(r.ledger)
 	if err != nil {
 		return err
 	}
 	end := r.st.pos.offset
-	if fi.Size() == end {
+	if size == end {
 		return nil
 	}
-	if fi.Size() < end {
-		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: fi.Size(),
-			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", fi.Size(), end)}
+	if size < end {
+		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: size,
+			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", size, end)}
 	}
-	torn := make([]byte, fi.Size()-end)
+	torn := make([]byte, size-end)
 	if _, err := r.ledger.ReadAt(torn, end); err != nil {
 		return fmt.Errorf("runstate: read torn tail of %s: %w", r.path(ledgerFile), err)
 	}
@@ -656,12 +656,12 @@ func (r *Run) runBatch(batch []*tx) {
 // catchUp applies what other processes appended since this one last looked,
 // and cuts a torn tail. The caller holds the ledger lock and stMu.
 func (r *Run) catchUp() error {
-	fi, err := r.ledger.Stat()
+	size, err := fileSize(r.ledger)
 	if err != nil {
-		return fmt.Errorf("runstate: stat %s: %w", r.path(ledgerFile), err)
+		return fmt.Errorf("runstate: size of %s: %w", r.path(ledgerFile), err)
 	}
-	if fi.Size() > r.st.pos.offset {
-		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, fi.Size()-r.st.pos.offset)
+	if size > r.st.pos.offset {
+		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, size-r.st.pos.offset)
 		if _, err := replay(sr, r.path(ledgerFile), &r.st.pos, func(rec *Record, line []byte) error {
 			r.st.apply(rec)
 			r.st.lastLen = int64(len(line) + 1)
@@ -670,8 +670,8 @@ func (r *Run) catchUp() error {
 			return err
 		}
 	}
-	if fi.Size() == r.st.pos.offset {
-		return nil // no torn tail: spare cutTorn's stat
+	if size == r.st.pos.offset {
+		return nil // no torn tail: spare cutTorn's seek
 	}
 	return r.cutTorn()
 }

@@ -524,6 +524,9 @@ func (h *File) Truncate(size int64) error {
 	return h.f.Truncate(size)
 }
 
+// Seek is os.File.Seek.
+func (h *File) Seek(offset int64, whence int) (int64, error) { return h.f.Seek(offset, whence) }
+
 // Stat is os.File.Stat.
 func (h *File) Stat() (fs.FileInfo, error) { return h.f.Stat() }
 

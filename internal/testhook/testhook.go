@@ -184,6 +184,7 @@ type File interface {
 	io.Reader
 	io.ReaderAt
 	io.Writer
+	io.Seeker
 	io.Closer
 	Sync() error
 	Truncate(size int64) error
