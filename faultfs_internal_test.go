@@ -185,8 +185,10 @@ func TestFaultFsyncFailureIsSticky(t *testing.T) {
 	require.NoError(t, doWrite(r, "a", "A"))
 	st, err := r.Begin(ctx, "b")
 	require.NoError(t, err)
-	ffs.Inject(faultfs.Rule{Op: faultfs.OpSync, Path: "ledger.jsonl", Err: syscall.EIO, Times: 1})
-	syncs := ffs.Calls(faultfs.OpSync, "ledger.jsonl")
+	// A checkpoint's fsync is the journal's (wal.go).
+	ffs.Inject(faultfs.Rule{Op: faultfs.OpSync, Path: "ledger.wal", Err: syscall.EIO, Times: 1})
+	commitSyncs := func() int { return ffs.Calls(faultfs.OpSync, "ledger.jsonl") + ffs.Calls(faultfs.OpSync, "ledger.wal") }
+	syncs := commitSyncs()
 	err = st.Complete()
 	var werr *WriteError
 	require.ErrorAs(t, err, &werr)
@@ -215,9 +217,9 @@ func TestFaultFsyncFailureIsSticky(t *testing.T) {
 		err := call()
 		assert.ErrorIs(t, err, ErrReadOnly, name)
 	}
-	assert.Equal(t, syncs+1, ffs.Calls(faultfs.OpSync, "ledger.jsonl"), "the failed fsync was not retried")
+	assert.Equal(t, syncs+1, commitSyncs(), "the failed fsync was not retried")
 	_ = r.Close()
-	assert.Equal(t, syncs+1, ffs.Calls(faultfs.OpSync, "ledger.jsonl"), "Close does not sync either")
+	assert.Equal(t, syncs+1, commitSyncs(), "Close does not sync either")
 
 	// A new session (a fresh process) opens the run cleanly.
 	r, err = Open(dir, &Options{Request: "fault injection"})

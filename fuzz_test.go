@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/runstatetest"
 )
 
 // Fuzz targets for everything runstate reads back: the ledger, the
@@ -315,5 +316,78 @@ func FuzzNextSteps(f *testing.F) {
 		require.NoError(t, err)
 		assert.True(t, rep.OK(), "Open and Close rebuilt it: %v", rep.Problems)
 		_ = st
+	})
+}
+
+// FuzzJournal feeds damaged journals (logs/ledger.wal) to every reader
+// and to Open, on a run whose ledger lost its last records in a machine
+// crash: the journal still holds them. The input is written over the
+// journal at the offset its first two bytes name. Whatever the journal
+// holds, the ledger's own records are read as they are, nothing panics,
+// Open restores only records that continue the chain, and the run opens
+// cleanly again afterwards. An untouched journal restores every record.
+func FuzzJournal(f *testing.F) {
+	ctx := context.Background()
+	base := f.TempDir()
+	r, err := runstate.Open(base, &runstate.Options{Request: "fuzz seed"})
+	require.NoError(f, err)
+	require.NoError(f, r.Plan(ctx, "a", "b"))
+	for _, s := range []string{"a", "b"} {
+		require.NoError(f, r.Do(ctx, s, func(_ context.Context, st *runstate.Stage) error {
+			return st.WriteFile("artifacts/"+s+".txt", []byte(s))
+		}))
+	}
+	runstatetest.Crash(r) // no close record, and the ledger is not synced
+	lp := filepath.Join(base, "logs", "ledger.jsonl")
+	full, err := os.ReadFile(lp)
+	require.NoError(f, err)
+	var want []int64
+	require.NoError(f, runstate.ReadLedger(base, func(r *runstate.Record) error { want = append(want, r.Seq); return nil }))
+	const keep = 3 // what the ledger kept of itself
+	require.NoError(f, os.WriteFile(lp, goodPrefix(full, keep), 0o644))
+	require.NoError(f, os.Remove(filepath.Join(base, "manifest.json")))
+
+	f.Add([]byte{})
+	f.Add([]byte{0, 0, 'x'})
+	f.Add([]byte{0, 19, '9'})           // a slot's end
+	f.Add([]byte{2, 0, 'x', 'y'})       // the second slot
+	f.Add([]byte{16, 10, '{', '}', 10}) // the ring
+	f.Add(append([]byte{0, 0}, bytes.Repeat([]byte{0}, 1024)...))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := copyRun(t, base)
+		wp := filepath.Join(dir, "logs", "ledger.wal")
+		if len(data) >= 2 {
+			jf, err := os.OpenFile(wp, os.O_WRONLY, 0)
+			require.NoError(t, err)
+			fi, err := jf.Stat()
+			require.NoError(t, err)
+			off := int64(data[0])<<8 | int64(data[1])
+			body := data[2:]
+			if off+int64(len(body)) > fi.Size() {
+				body = body[:max(0, fi.Size()-off)]
+			}
+			_, err = jf.WriteAt(body, off)
+			require.NoError(t, err)
+			require.NoError(t, jf.Close())
+		}
+		var seqs []int64
+		require.NoError(t, runstate.ReadLedger(dir, func(r *runstate.Record) error { seqs = append(seqs, r.Seq); return nil }))
+		require.GreaterOrEqual(t, len(seqs), keep, "the ledger's own records are read")
+		if len(data) < 2 {
+			assert.Equal(t, want, seqs, "an untouched journal restores every record")
+		}
+		_, err := runstate.Inspect(dir)
+		require.NoError(t, err)
+		_, err = runstate.Verify(dir)
+		require.NoError(t, err)
+		r, err := runstate.Open(dir, &runstate.Options{Request: "fuzz seed"})
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+		var after []int64
+		require.NoError(t, runstate.ReadLedger(dir, func(r *runstate.Record) error { after = append(after, r.Seq); return nil }))
+		assert.Equal(t, seqs, after[:len(seqs)], "Open restores what the readers read")
+		r, err = runstate.Open(dir, &runstate.Options{Request: "fuzz seed"})
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
 	})
 }

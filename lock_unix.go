@@ -18,7 +18,6 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// rename is os.Rename: POSIX rename replaces the target atomically.
 // rename is rename(2). os.Rename also stats newpath first, to refuse
 // replacing a directory on every system alike; runstate never renames
 // over a directory it did not make, and rename(2) refuses a file over a

@@ -87,6 +87,7 @@ type Run struct {
 	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
 	ledger  file         // logs/ledger.jsonl, opened for append and read
+	wal     journal      // logs/ledger.wal: see wal.go
 
 	// stMu guards st. The group-commit leader holds it for a whole batch.
 	stMu sync.RWMutex
@@ -227,6 +228,24 @@ func (r *Run) open() error {
 		return err
 	}
 	r.st = st
+	if !r.opts.NoSync {
+		if err := r.openJournal(); err != nil {
+			return err
+		}
+	}
+	// Records a machine crash kept out of the ledger (see wal.go).
+	tail, saved, err := restoreJournal(r.fs, r.dir, r.sessionOrNone(), f, st.pos)
+	if err != nil {
+		return err
+	}
+	if len(tail) > 0 {
+		from := st.pos.seq + 1
+		if err := st.applyTail(tail, r.path(walFile)); err != nil {
+			return err
+		}
+		r.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
+			"ledger", lp, "journal", r.path(walFile), "seq", fmt.Sprintf("%d-%d", from, st.pos.seq), "torn_saved", saved)
+	}
 	if err := r.cutTorn(); err != nil {
 		return err
 	}
@@ -442,19 +461,19 @@ func precededByNewline(f file, off int64) bool {
 // cutTorn moves a torn last line aside and truncates the ledger to the last
 // good record. The caller holds the ledger lock.
 func (r *Run) cutTorn() error {
-	fi, err := r.ledger.Stat()
+	size, err := fileSize(r.ledger)
 	if err != nil {
 		return err
 	}
 	end := r.st.pos.offset
-	if fi.Size() == end {
+	if size == end {
 		return nil
 	}
-	if fi.Size() < end {
-		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: fi.Size(),
-			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", fi.Size(), end)}
+	if size < end {
+		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: size,
+			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", size, end)}
 	}
-	torn := make([]byte, fi.Size()-end)
+	torn := make([]byte, size-end)
 	if _, err := r.ledger.ReadAt(torn, end); err != nil {
 		return fmt.Errorf("runstate: read torn tail of %s: %w", r.path(ledgerFile), err)
 	}
@@ -656,12 +675,12 @@ func (r *Run) runBatch(batch []*tx) {
 // catchUp applies what other processes appended since this one last looked,
 // and cuts a torn tail. The caller holds the ledger lock and stMu.
 func (r *Run) catchUp() error {
-	fi, err := r.ledger.Stat()
+	size, err := fileSize(r.ledger)
 	if err != nil {
-		return fmt.Errorf("runstate: stat %s: %w", r.path(ledgerFile), err)
+		return fmt.Errorf("runstate: size of %s: %w", r.path(ledgerFile), err)
 	}
-	if fi.Size() > r.st.pos.offset {
-		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, fi.Size()-r.st.pos.offset)
+	if size > r.st.pos.offset {
+		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, size-r.st.pos.offset)
 		if _, err := replay(sr, r.path(ledgerFile), &r.st.pos, func(rec *Record, line []byte) error {
 			r.st.apply(rec)
 			r.st.lastLen = int64(len(line) + 1)
@@ -670,8 +689,8 @@ func (r *Run) catchUp() error {
 			return err
 		}
 	}
-	if fi.Size() == r.st.pos.offset {
-		return nil // no torn tail: spare cutTorn's stat
+	if size == r.st.pos.offset {
+		return nil // no torn tail: spare cutTorn's seek
 	}
 	return r.cutTorn()
 }
@@ -689,11 +708,13 @@ func onlyBegins(recs []*Record) bool {
 
 // written is what writeBatch appended.
 type written struct {
-	ok      []*tx // the transactions whose records (if any) are written
-	sync    bool  // one of them asks for an fsync
-	publish bool  // one of them appended a record the handoff must show at once
-	flush   bool  // one of them is the handoff lag timer's
-	wrote   bool  // there were records to write
+	ok      []*tx  // the transactions whose records (if any) are written
+	sync    bool   // one of them asks for an fsync
+	publish bool   // one of them appended a record the handoff must show at once
+	flush   bool   // one of them is the handoff lag timer's
+	wrote   bool   // there were records to write
+	bytes   []byte // what was written
+	end     chain  // the ledger's last record once they are
 }
 
 // writeBatch runs each transaction's fn on the state, encodes the records
@@ -739,6 +760,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		return w
 	}
 	w.wrote = true
+	w.bytes, w.end = buf.Bytes(), r.st.pos
 	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
 		werr := &WriteError{Path: r.path(ledgerFile), Op: "write", Err: err}
 		if n > 0 {
@@ -753,6 +775,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		r.reload(start, startLen)
 		return written{}
 	}
+	r.wal.wrote(w.bytes, start.offset)
 	return w
 }
 
@@ -789,20 +812,21 @@ func (r *Run) apply(batch []*tx) {
 				close(t.done)
 			}
 		}
+		span := r.wal.span(w.end.offset)
 		r.mu.Lock()
 		r.syncing = true
 		r.mu.Unlock()
 		r.stMu.Unlock()
-		err := r.ledger.Sync()
+		err := r.makeDurable(w.bytes, span, w.end)
 		r.mu.Lock()
 		r.syncing = false
 		r.mu.Unlock()
 		r.sideWriters.Wait()
 		r.stMu.Lock()
+		r.wal.trim()
 		if err != nil {
-			werr := &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
-			r.setSticky(werr)
-			failAll(werr)
+			r.setSticky(err)
+			failAll(err)
 			return
 		}
 	}
@@ -1025,6 +1049,12 @@ func (r *Run) Close() error {
 			if r.catchUp() == nil {
 				r.writeManifest()
 			}
+			// The ledger alone holds every record from here on; the
+			// journal is needed after a machine crash only.
+			if serr := r.syncLedger(); serr != nil {
+				r.setSticky(serr)
+				err = serr
+			}
 			r.removeHandoff()
 			r.stMu.Unlock()
 			r.lock.Unlock()
@@ -1051,6 +1081,9 @@ func (r *Run) release() {
 	if r.ledger != nil {
 		r.ledger.Close()
 	}
+	if r.wal.f != nil {
+		r.wal.f.Close()
+	}
 	if r.root != nil {
 		r.root.Close()
 	}
@@ -1071,6 +1104,9 @@ func (r *Run) crash() {
 	}
 	if r.ledger != nil {
 		r.ledger.Close()
+	}
+	if r.wal.f != nil {
+		r.wal.f.Close()
 	}
 	if r.root != nil {
 		r.root.Close()

@@ -360,9 +360,10 @@ func (f *FS) underNewDir(path string) bool {
 // it. Handles opened before fail from then on. Crash the runs that use
 // the FS first, so that nothing writes meanwhile.
 //
-// With torn set, a file whose content grew since its last sync keeps a
-// random prefix of the unsynced bytes instead of none, as a disk that
-// wrote some of its queued blocks would (rng picks how many).
+// With torn set, a disk wrote some of its queued blocks (see tear): a
+// file whose content grew since its last sync keeps a random prefix of
+// the unsynced bytes instead of none, and each 512-byte sector overwritten
+// since the last sync keeps its old or its new bytes (rng picks).
 func (f *FS) PowerLoss(torn *rand.Rand) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -389,8 +390,8 @@ func (f *FS) PowerLoss(torn *rand.Rand) error {
 		}
 		data := ino.synced
 		if torn != nil {
-			if cur, err := os.ReadFile(p); err == nil && len(cur) > len(data) && string(cur[:len(data)]) == string(data) {
-				data = cur[:len(data)+torn.IntN(len(cur)-len(data)+1)]
+			if cur, err := os.ReadFile(p); err == nil {
+				data = tear(data, cur, torn)
 			}
 		}
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -428,6 +429,32 @@ func (f *FS) PowerLoss(torn *rand.Rand) error {
 		return fmt.Errorf("faultfs: power loss: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// sector is the unit a disk writes whole, or not at all.
+const sector = 512
+
+// tear is what a power loss may leave of a file whose durable content is
+// synced and whose content now is cur: each sector overwritten since the
+// sync holds its old or its new bytes (rng picks), and when the file grew
+// with its old bytes in place, a random prefix of the growth survives.
+func tear(synced, cur []byte, rng *rand.Rand) []byte {
+	out := append([]byte(nil), synced...)
+	n := min(len(synced), len(cur))
+	same := true
+	for s := 0; s < n; s += sector {
+		e := min(s+sector, n)
+		if string(cur[s:e]) != string(synced[s:e]) {
+			same = false
+			if rng.IntN(2) == 0 {
+				copy(out[s:e], cur[s:e])
+			}
+		}
+	}
+	if same && len(cur) > len(synced) {
+		out = cur[:len(synced)+rng.IntN(len(cur)-len(synced)+1)]
+	}
+	return out
 }
 
 // File is a file opened through FS.
@@ -484,6 +511,31 @@ func (h *File) Write(p []byte) (int, error) {
 	return n, pathErr("write", h.name, r.Err)
 }
 
+// WriteAt writes p at off, or fails as a rule says (OpWrite): with a
+// short write, the first bytes reach the file before the error.
+func (h *File) WriteAt(p []byte, off int64) (int, error) {
+	h.fs.mu.Lock()
+	if err := h.check(); err != nil {
+		h.fs.mu.Unlock()
+		return 0, err
+	}
+	r := h.fs.fault(OpWrite, h.name)
+	h.fs.mu.Unlock()
+	if r == nil {
+		return h.f.WriteAt(p, off)
+	}
+	n := min(r.Short, len(p))
+	if n < 0 {
+		n = len(p) / 2
+	}
+	if n > 0 {
+		if m, err := h.f.WriteAt(p[:n], off); err != nil {
+			return m, err
+		}
+	}
+	return n, pathErr("write", h.name, r.Err)
+}
+
 // Sync makes the file's content durable, or fails as a rule says (the
 // content is then not durable).
 func (h *File) Sync() error {
@@ -523,6 +575,9 @@ func (h *File) Truncate(size int64) error {
 	}
 	return h.f.Truncate(size)
 }
+
+// Seek is os.File.Seek.
+func (h *File) Seek(offset int64, whence int) (int64, error) { return h.f.Seek(offset, whence) }
 
 // Stat is os.File.Stat.
 func (h *File) Stat() (fs.FileInfo, error) { return h.f.Stat() }

@@ -184,6 +184,8 @@ type File interface {
 	io.Reader
 	io.ReaderAt
 	io.Writer
+	io.WriterAt
+	io.Seeker
 	io.Closer
 	Sync() error
 	Truncate(size int64) error
