@@ -104,9 +104,23 @@
 // Windows; session locks use gofrs/flock everywhere) plus a mutex, as one
 // write of whole lines. A record that acknowledges
 // something — complete, fail, skip, plan, await, approve, invalidate,
-// intent, confirm, create — is fsync'd before the call that wrote it
+// intent, confirm, create — is durable before the call that wrote it
 // returns; a begin or open record is not (nothing was promised yet; a later
-// fsync covers it). Concurrent appends in one process are group-committed:
+// fsync covers it). Durable means one of two things, whichever the Run
+// measures to be faster on its file system: the ledger was fdatasync'd, or
+// the same bytes were written over logs/ledger.wal, a fixed-size,
+// preallocated file, and that was fdatasync'd (an overwrite writes no
+// metadata: on ext4 with a journal it is about half an append's fdatasync;
+// on ext4 without one it gains nothing, and the ledger's own fdatasync is
+// used). The ledger gets the record first either way, with one write(2),
+// so after a process is killed, or a clean Close (which fdatasyncs the
+// ledger), logs/ledger.jsonl alone holds every acknowledged record. After a
+// machine crash the ledger may end before records that only
+// logs/ledger.wal holds: the next Open (or 'runstate repair') copies them
+// back before anything else, and Inspect, ReadLedger and Verify read them
+// from there meanwhile (Verify names them as a problem). Do not delete
+// logs/ledger.wal while a machine crash may have left records in it.
+// Concurrent appends in one process are group-committed:
 // one lock, one write and one fsync for the batch; begins that come while
 // the batch waits for its fsync are written meanwhile, under the same lock,
 // and do not wait for it (unless they record another record the handoff
@@ -114,7 +128,8 @@
 // retried: the Run turns read-only (ErrReadOnly), because the kernel may
 // already have dropped the data.
 //
-// So, whenever a process dies: every acknowledged record is in the ledger;
+// So, whenever a process dies: every acknowledged record is in the ledger
+// (or, after a machine crash, in logs/ledger.wal until the next Open);
 // a half-written last line was never acknowledged, and the next writer moves
 // it aside to logs/ledger.jsonl.torn-<time> and cuts it off (readers just
 // ignore it). A bad line anywhere else, a gap in seq or a broken prev chain

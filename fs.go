@@ -26,11 +26,15 @@ type fileSystem interface {
 	SyncDir(dir string) error
 }
 
-// file is the part of *os.File that runstate uses.
+// file is the part of *os.File that runstate uses. Sync makes the file's
+// data durable, with the metadata needed to read it back (its size), but
+// not its times: fdatasync(2) where the system has it. For an overwrite of
+// bytes already allocated (logs/ledger.wal) that writes no metadata.
 type file interface {
 	io.Reader
 	io.ReaderAt
 	io.Writer
+	io.WriterAt
 	io.Seeker
 	io.Closer
 	Sync() error
@@ -45,8 +49,13 @@ func (osFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
 	if err != nil {
 		return nil, err // a nil *os.File must not become a non-nil file
 	}
-	return f, nil
+	return osFile{f}, nil
 }
+
+// osFile is an *os.File whose Sync is fdatasync where the system has one.
+type osFile struct{ *os.File }
+
+func (f osFile) Sync() error                              { return datasync(f.File) }
 func (osFS) Rename(oldpath, newpath string) error         { return rename(oldpath, newpath) }
 func (osFS) Remove(name string) error                     { return os.Remove(name) }
 func (osFS) MkdirAll(path string, perm fs.FileMode) error { return os.MkdirAll(path, perm) }

@@ -45,8 +45,8 @@ type Resolution struct {
 // the run, and returns its receipt.
 //
 // A key already confirmed returns the stored receipt without calling Do.
-// Otherwise Effect appends an intent record and fsyncs it before calling
-// Do, then appends the confirmation with the receipt, durably, before it
+// Otherwise Effect appends an intent record and makes it durable (see
+// Stage.Complete) before calling Do, then appends the confirmation with the receipt, durably, before it
 // returns. If a session died between the two, the key is ambiguous: Check
 // asks the receiving system; found → confirmed; not found → Do again with
 // the same key; no Check, or Check failed → the effect is recorded as

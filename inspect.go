@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -72,19 +73,30 @@ func readOnly(dir string) (*state, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	if st.pos.seq == 0 {
-		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
-	}
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, 0, err
 	}
-	return st, fi.Size() - st.pos.offset, nil
+	torn := fi.Size() - st.pos.offset
+	// Records a machine crash kept out of the ledger (wal.go).
+	tail, err := journalTail(osFS{}, dir, st.pos)
+	if err == nil {
+		err = st.applyTail(tail, filepath.Join(dir, filepath.FromSlash(walFile)))
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if st.pos.seq == 0 {
+		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
+	}
+	return st, torn, nil
 }
 
 // ReadLedger calls fn for each record of the ledger in dir, in order,
-// checking the whole hash chain as it goes. A torn last line is not passed
-// to fn. Damage before the last line stops the read with a *CorruptError
+// checking the whole hash chain as it goes, then for the acknowledged
+// records that a machine crash left only in logs/ledger.wal (the next
+// Open copies them into the ledger). A torn last line is not passed to
+// fn. Damage before the last line stops the read with a *CorruptError
 // naming the line and byte offset, after fn saw every record before it; an
 // unknown format is ErrVersion. It takes no lock and writes nothing; fn
 // may stop the read by returning an error, which ReadLedger returns. Safe
@@ -97,10 +109,18 @@ func ReadLedger(dir string, fn func(*Record) error) error {
 	}
 	defer f.Close()
 	var c chain
-	_, err = replay(f, lp, &c, func(rec *Record, _ []byte) error {
+	each := func(rec *Record, _ []byte) error {
 		rc := *rec // replay reuses rec; fn may keep it
 		return fn(&rc)
-	})
+	}
+	if _, err = replay(f, lp, &c, each); err != nil {
+		return err
+	}
+	tail, err := journalTail(osFS{}, dir, c)
+	if err != nil || len(tail) == 0 {
+		return err
+	}
+	_, err = replay(bytes.NewReader(tail), filepath.Join(dir, filepath.FromSlash(walFile)), &c, each)
 	return err
 }
 
@@ -140,7 +160,8 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Verify checks the whole run in dir without a snapshot, the way SQLite's
 // PRAGMA integrity_check does: every ledger line (seq, hash chain, a torn
-// tail), every artifact against its recorded hash, and whether
+// tail), acknowledged records that a machine crash left only in
+// logs/ledger.wal (a problem the next Open fixes), every artifact against its recorded hash, and whether
 // manifest.json and logs/next-steps.txt reflect the ledger
 // (next-steps.txt may lag by begin records: see the package doc). It takes no
 // lock and writes nothing, so it is safe for concurrent use, from any
@@ -158,14 +179,15 @@ func Verify(dir string) (*Report, error) {
 	defer f.Close()
 	st := newState()
 	var settled int64 // the last record that is not a begin: the handoff lags begins (handoffLag)
-	torn, err := replay(f, lp, &st.pos, func(rec *Record, line []byte) error {
+	each := func(rec *Record, line []byte) error {
 		st.apply(rec)
 		st.lastLen = int64(len(line) + 1)
 		if rec.Ev != evBegin {
 			settled = rec.Seq
 		}
 		return nil
-	})
+	}
+	torn, err := replay(f, lp, &st.pos, each)
 	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
 	var ce *CorruptError
 	switch {
@@ -181,6 +203,19 @@ func Verify(dir string) (*Report, error) {
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(st.pos.seq + 1), Offset: torn,
 			What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", fi.Size()-torn),
 			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
+	}
+	wp := filepath.Join(dir, filepath.FromSlash(walFile))
+	tail, err := journalTail(osFS{}, dir, st.pos)
+	if err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
+	} else if len(tail) > 0 {
+		from := st.pos.seq + 1
+		if _, err := replay(bytes.NewReader(tail), wp, &st.pos, each); err != nil {
+			return nil, err // cannot be: journalTail checked the chain
+		}
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: rep.Bytes,
+			What: fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, st.pos.seq, walFile),
+			Fix:  "the next Open, or 'runstate repair DIR', copies them into the ledger"})
 	}
 	if st.pos.seq == 0 {
 		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",

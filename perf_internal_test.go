@@ -31,7 +31,8 @@ import (
 // logs/next-steps.txt is replaced.
 type countFS struct {
 	fileSystem
-	ledgerSyncs  atomic.Int64 // Sync of logs/ledger.jsonl
+	commitSyncs  atomic.Int64 // Sync of logs/ledger.jsonl or logs/ledger.wal: what makes records durable
+	walSyncs     atomic.Int64 // of those, Syncs of logs/ledger.wal
 	otherSyncs   atomic.Int64 // Sync of any other file
 	dirSyncs     atomic.Int64 // SyncDir
 	ledgerWrites atomic.Int64 // Write to logs/ledger.jsonl
@@ -39,8 +40,10 @@ type countFS struct {
 	ledgerStats  atomic.Int64 // Stat of logs/ledger.jsonl (fileSize seeks instead)
 	handoffs     atomic.Int64 // renames over logs/next-steps.txt
 	syncDelay    time.Duration
-	// inSync, when set, receives a value as each ledger fsync starts;
-	// hold, when set, is waited on before each ledger fsync ends.
+	// ledgerDelay, walDelay: more delay for one of the two files only.
+	ledgerDelay, walDelay time.Duration
+	// inSync, when set, receives a value as each commit fsync starts;
+	// hold, when set, is waited on before each commit fsync ends.
 	inSync chan struct{}
 	hold   chan struct{}
 	// failWrites: that many next ledger writes fail with ENOSPC, writing
@@ -66,7 +69,8 @@ func (c *countFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error
 	if err != nil {
 		return nil, err
 	}
-	return &countFile{file: f, c: c, ledger: filepath.Base(name) == filepath.Base(ledgerFile)}, nil
+	base := filepath.Base(name)
+	return &countFile{file: f, c: c, ledger: base == filepath.Base(ledgerFile), wal: base == filepath.Base(walFile)}, nil
 }
 
 func (c *countFS) SyncDir(dir string) error {
@@ -78,11 +82,15 @@ type countFile struct {
 	file
 	c      *countFS
 	ledger bool
+	wal    bool
 }
 
 func (f *countFile) Sync() error {
-	if f.ledger {
-		f.c.ledgerSyncs.Add(1)
+	if f.ledger || f.wal {
+		f.c.commitSyncs.Add(1)
+		if f.wal {
+			f.c.walSyncs.Add(1)
+		}
 		if f.c.inSync != nil {
 			f.c.inSync <- struct{}{}
 		}
@@ -90,6 +98,11 @@ func (f *countFile) Sync() error {
 			<-f.c.hold
 		}
 		time.Sleep(f.c.syncDelay)
+		if f.wal {
+			time.Sleep(f.c.walDelay)
+		} else {
+			time.Sleep(f.c.ledgerDelay)
+		}
 	} else {
 		f.c.otherSyncs.Add(1)
 	}
@@ -331,48 +344,54 @@ func smallDo(ctx context.Context, r *Run, name string) error {
 
 // TestOneFsyncPerCheckpoint counts, through the file-system seam, every
 // fsync a run asks for: a checkpoint (Do with one output) is exactly one
-// fsync of the ledger. The begin record, the output file, next-steps.txt
-// and manifest.json are not synced. Creating a run syncs its create
-// record; resuming one syncs nothing; Plan, Close and each of an effect's
-// two records sync the ledger once.
+// fsync, of the journal (logs/ledger.wal). The begin record, the output
+// file, next-steps.txt and manifest.json are not synced. Creating a run
+// syncs its create record and the new journal's zeros; resuming one syncs
+// nothing; Plan and each of an effect's two records sync once; Close
+// syncs its close record, then the ledger itself.
 func TestOneFsyncPerCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	c := newCountFS()
-	r := openCounted(t, dir, c, Options{ManifestInterval: -1}) // the manifest after every append, too
-	assert.Equal(t, int64(1), c.ledgerSyncs.Load(), "Open of a new run: the create record")
+	// The manifest after every append, too; every batch through the ring
+	// (the measured choice is TestDurableWayMeasured's).
+	r := openCounted(t, dir, c, Options{ManifestInterval: -1, durable: durableRingOnly})
+	assert.Equal(t, int64(1), c.commitSyncs.Load(), "Open of a new run: the create record")
+	assert.Equal(t, int64(1), c.otherSyncs.Load(), "Open of a new run: the new journal")
 	dirs := c.dirSyncs.Load() // Open of a new run makes the names of its files durable
 	stats := c.ledgerStats.Load()
 	require.NoError(t, r.Plan(ctx, "a", "b"))
-	assert.Equal(t, int64(2), c.ledgerSyncs.Load(), "Plan")
+	assert.Equal(t, int64(2), c.commitSyncs.Load(), "Plan")
 
 	const n = 20
 	for i := 0; i < n; i++ {
 		require.NoError(t, smallDo(ctx, r, "s"+strconv.Itoa(i)))
-		assert.Equal(t, int64(2+i+1), c.ledgerSyncs.Load(), "checkpoint %d", i)
+		assert.Equal(t, int64(2+i+1), c.commitSyncs.Load(), "checkpoint %d", i)
+		assert.Equal(t, int64(2+i+1), c.walSyncs.Load(), "checkpoint %d: the journal's fsync, not the ledger's", i)
 	}
 	_, err := r.Effect(ctx, "ticket", Effect{Do: func(context.Context, string) (json.RawMessage, error) {
 		return json.RawMessage(`{"id":1}`), nil
 	}})
 	require.NoError(t, err)
-	assert.Equal(t, int64(2+n+2), c.ledgerSyncs.Load(), "an effect: intent and confirm")
+	assert.Equal(t, int64(2+n+2), c.commitSyncs.Load(), "an effect: intent and confirm")
 	assert.Zero(t, c.ledgerRead.Load(), "no other writer: a checkpoint reads nothing of the ledger")
 	// A stat of the ledger before each batch would make every append
 	// update its inode with a fine-grained time (Linux 6.13+): fileSize.
 	assert.Equal(t, stats, c.ledgerStats.Load(), "no stat of the ledger after Open")
 	require.NoError(t, r.Close())
-	assert.Equal(t, int64(2+n+2+1), c.ledgerSyncs.Load(), "Close: the close record")
-	assert.Zero(t, c.otherSyncs.Load(), "no other file is synced")
+	assert.Equal(t, int64(2+n+2+2), c.commitSyncs.Load(), "Close: the close record, then the ledger")
+	assert.Equal(t, int64(2+n+2+1), c.walSyncs.Load(), "Close: the close record in the journal")
+	assert.Equal(t, int64(1), c.otherSyncs.Load(), "no other file is synced")
 	assert.Equal(t, dirs, c.dirSyncs.Load(), "no directory is synced after Open")
 
 	c2 := newCountFS()
 	r = openCounted(t, dir, c2, Options{})
-	assert.Zero(t, c2.ledgerSyncs.Load()+c2.dirSyncs.Load()+c2.otherSyncs.Load(), "Open of an existing run syncs nothing")
+	assert.Zero(t, c2.commitSyncs.Load()+c2.dirSyncs.Load()+c2.otherSyncs.Load(), "Open of an existing run syncs nothing")
 	require.NoError(t, smallDo(ctx, r, "after-resume"))
-	assert.Equal(t, int64(1), c2.ledgerSyncs.Load())
+	assert.Equal(t, int64(1), c2.commitSyncs.Load())
 	require.NoError(t, r.Close())
-	t.Logf("%d checkpoints: %d ledger fsyncs in all (Open 1, Plan 1, effect 2, Close 1), %d directory fsyncs (Open of a new run); resumed: Open 0, one checkpoint 1, Close 1 = %d",
-		n, c.ledgerSyncs.Load(), dirs, c2.ledgerSyncs.Load())
+	t.Logf("%d checkpoints: %d commit fsyncs in all (Open 1, Plan 1, effect 2, Close 2), %d directory fsyncs (Open of a new run); resumed: Open 0, one checkpoint 1, Close 2 = %d",
+		n, c.commitSyncs.Load(), dirs, c2.commitSyncs.Load())
 }
 
 // TestGroupCommit runs 8 goroutines checkpointing at once: concurrent
@@ -384,7 +403,7 @@ func TestGroupCommit(t *testing.T) {
 	c := newCountFS()
 	c.syncDelay = time.Millisecond // a slow disk: writers pile up behind an fsync
 	r := openCounted(t, dir, c, Options{})
-	syncs0, writes0, handoffs0, flushes0 := c.ledgerSyncs.Load(), c.ledgerWrites.Load(), c.handoffs.Load(), r.lagFlushes.Load()
+	syncs0, writes0, handoffs0, flushes0 := c.commitSyncs.Load(), c.ledgerWrites.Load(), c.handoffs.Load(), r.lagFlushes.Load()
 	const goroutines, each = 8, 10
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
@@ -397,7 +416,7 @@ func TestGroupCommit(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	syncs, writes, handoffs := c.ledgerSyncs.Load()-syncs0, c.ledgerWrites.Load()-writes0, c.handoffs.Load()-handoffs0
+	syncs, writes, handoffs := c.commitSyncs.Load()-syncs0, c.ledgerWrites.Load()-writes0, c.handoffs.Load()-handoffs0
 	flushes := r.lagFlushes.Load() - flushes0
 	t.Logf("%d checkpoints (%d commits): %d ledger writes, %d fsyncs, %d next-steps.txt rewrites (%d by the lag timer)",
 		goroutines*each, 2*goroutines*each, writes, syncs, handoffs, flushes)

@@ -42,6 +42,9 @@ type RepairReport struct {
 	// Damage describes what was wrong with the ledger before the repair
 	// ("" when nothing was).
 	Damage string `json:"damage,omitempty"`
+	// Restored counts the acknowledged records that a machine crash had
+	// left only in logs/ledger.wal, which Repair copied into the ledger.
+	Restored int64 `json:"restored,omitempty"`
 	// TornBytes is the size of a torn last line that was cut, and
 	// TornSaved the file it was moved to.
 	TornBytes int64  `json:"torn_bytes,omitempty"`
@@ -64,6 +67,8 @@ type RepairReport struct {
 // Repair puts the run in dir back in a state every reader and writer
 // accepts, under the ledger lock, and reports what it did:
 //
+//   - Acknowledged records that a machine crash left only in
+//     logs/ledger.wal are copied into the ledger, as the next Open would.
 //   - A torn last line (a writer died mid-append; never acknowledged) is
 //     moved aside to logs/ledger.jsonl.torn-<time> and cut off, as the
 //     next writer would do.
@@ -119,26 +124,50 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	}
 	defer lock.Unlock()
 
-	f, err := fsys.OpenFile(lp, os.O_RDWR, 0)
+	f, err := fsys.OpenFile(lp, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
 		return nil, fmt.Errorf("runstate: open %s: %w", lp, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
-	}
-	size := fi.Size()
 
 	// Find the damage, and where line TruncateAt starts.
-	var c chain
-	lineAt := int64(-1)
-	tornAt, err := replay(io.NewSectionReader(f, 0, size), lp, &c, func(rec *Record, _ []byte) error {
-		if rec.Seq == int64(o.TruncateAt) {
-			lineAt = c.offset // c is still at the record before this one
+	var (
+		c      chain
+		size   int64
+		lineAt int64
+		tornAt int64
+	)
+	scan := func() error {
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("runstate: stat %s: %w", lp, err)
 		}
-		return nil
-	})
+		size, c, lineAt = fi.Size(), chain{}, -1
+		tornAt, err = replay(io.NewSectionReader(f, 0, size), lp, &c, func(rec *Record, _ []byte) error {
+			if rec.Seq == int64(o.TruncateAt) {
+				lineAt = c.offset // c is still at the record before this one
+			}
+			return nil
+		})
+		return err
+	}
+	err = scan()
+	if err == nil {
+		// Records a machine crash left only in the journal (wal.go):
+		// copy them in first; a torn tail they replace is saved aside.
+		tail, saved, rerr := restoreJournal(fsys, dir, "repair", f, c)
+		if rerr != nil {
+			return nil, rerr
+		}
+		if len(tail) > 0 {
+			from := c.seq
+			if saved != "" {
+				rep.TornBytes, rep.TornSaved = size-c.offset, saved
+			}
+			err = scan()
+			rep.Restored = c.seq - from
+		}
+	}
 	var ce *CorruptError
 	damageLine, damageOff := 0, int64(-1)
 	switch {
@@ -192,6 +221,14 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 			return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before cutting acknowledged records",
 				ErrBusy, strings.Join(live, ", "), dir)
 		}
+		// The records cut must not come back from the journal: make the
+		// ledger durable as it is, then clear the journal, then cut.
+		if err := f.Sync(); err != nil {
+			return nil, &WriteError{Path: lp, Op: "sync", Err: err}
+		}
+		if err := clearJournal(fsys, dir); err != nil {
+			return nil, err
+		}
 		backup := lp + ".bak-" + stamp
 		if err := copyAtomic(fsys, path(tmpDir), "repair", backup, io.NewSectionReader(f, 0, size), true); err != nil {
 			return nil, fmt.Errorf("runstate: back up %s to %s: %w", lp, backup, err)
@@ -207,7 +244,8 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	}
 
 	// Rebuild the projections from a full replay of what is left.
-	if fi, err = f.Stat(); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	st := newState()

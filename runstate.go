@@ -70,6 +70,10 @@ type Options struct {
 	// fs replaces the operating system's file system (fault injection in
 	// tests). Nil means the real one.
 	fs fileSystem
+
+	// durable forces one way of making a batch durable (tests): 0 lets
+	// the Run measure which is faster (see journal.pick).
+	durable durableWay
 }
 
 // Run is an open run directory: one session of work on it. All its methods
@@ -87,6 +91,7 @@ type Run struct {
 	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
 	ledger  file         // logs/ledger.jsonl, opened for append and read
+	wal     journal      // logs/ledger.wal: see wal.go
 
 	// stMu guards st. The group-commit leader holds it for a whole batch.
 	stMu sync.RWMutex
@@ -140,8 +145,10 @@ type Run struct {
 //
 // Open fails with ErrMismatch when the run serves another Request, with a
 // *CorruptError when the ledger is damaged before its last line (nothing
-// is written then), and with ErrVersion for an unknown format. A torn last
-// line, left by a writer that died mid-append, is moved aside to
+// is written then), and with ErrVersion for an unknown format. Records
+// that a machine crash left only in logs/ledger.wal are copied into the
+// ledger first (and fdatasync'd there), with a warning in the log. A torn
+// last line, left by a writer that died mid-append, is moved aside to
 // logs/ledger.jsonl.torn-<time> and cut off.
 func Open(dir string, opts *Options) (*Run, error) {
 	var o Options
@@ -227,6 +234,24 @@ func (r *Run) open() error {
 		return err
 	}
 	r.st = st
+	if !r.opts.NoSync {
+		if err := r.openJournal(); err != nil {
+			return err
+		}
+	}
+	// Records a machine crash kept out of the ledger (see wal.go).
+	tail, saved, err := restoreJournal(r.fs, r.dir, r.sessionOrNone(), f, st.pos)
+	if err != nil {
+		return err
+	}
+	if len(tail) > 0 {
+		from := st.pos.seq + 1
+		if err := st.applyTail(tail, r.path(walFile)); err != nil {
+			return err
+		}
+		r.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
+			"ledger", lp, "journal", r.path(walFile), "seq", fmt.Sprintf("%d-%d", from, st.pos.seq), "torn_saved", saved)
+	}
 	if err := r.cutTorn(); err != nil {
 		return err
 	}
@@ -689,11 +714,13 @@ func onlyBegins(recs []*Record) bool {
 
 // written is what writeBatch appended.
 type written struct {
-	ok      []*tx // the transactions whose records (if any) are written
-	sync    bool  // one of them asks for an fsync
-	publish bool  // one of them appended a record the handoff must show at once
-	flush   bool  // one of them is the handoff lag timer's
-	wrote   bool  // there were records to write
+	ok      []*tx  // the transactions whose records (if any) are written
+	sync    bool   // one of them asks for an fsync
+	publish bool   // one of them appended a record the handoff must show at once
+	flush   bool   // one of them is the handoff lag timer's
+	wrote   bool   // there were records to write
+	bytes   []byte // what was written
+	end     chain  // the ledger's last record once they are
 }
 
 // writeBatch runs each transaction's fn on the state, encodes the records
@@ -739,6 +766,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		return w
 	}
 	w.wrote = true
+	w.bytes, w.end = buf.Bytes(), r.st.pos
 	if n, err := r.ledger.Write(buf.Bytes()); err != nil {
 		werr := &WriteError{Path: r.path(ledgerFile), Op: "write", Err: err}
 		if n > 0 {
@@ -753,6 +781,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		r.reload(start, startLen)
 		return written{}
 	}
+	r.wal.wrote(w.bytes, start.offset)
 	return w
 }
 
@@ -789,20 +818,21 @@ func (r *Run) apply(batch []*tx) {
 				close(t.done)
 			}
 		}
+		span := r.wal.span(w.end.offset)
 		r.mu.Lock()
 		r.syncing = true
 		r.mu.Unlock()
 		r.stMu.Unlock()
-		err := r.ledger.Sync()
+		err := r.makeDurable(w.bytes, span, w.end)
 		r.mu.Lock()
 		r.syncing = false
 		r.mu.Unlock()
 		r.sideWriters.Wait()
 		r.stMu.Lock()
+		r.wal.trim()
 		if err != nil {
-			werr := &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
-			r.setSticky(werr)
-			failAll(werr)
+			r.setSticky(err)
+			failAll(err)
 			return
 		}
 	}
@@ -995,7 +1025,9 @@ func (r *Run) checkOpen() error {
 }
 
 // Close ends the session: it appends a durable close record, rewrites
-// manifest.json and logs/next-steps.txt, and releases the session's lock.
+// manifest.json and logs/next-steps.txt, fdatasyncs the ledger (so that it
+// alone holds every record, whatever logs/ledger.wal holds), and releases
+// the session's lock.
 // Stages this session began and did not end are left running; the next
 // session records them as interrupted. Close is idempotent: a second call
 // returns nil. Safe for concurrent use; calls racing Close get ErrClosed.
@@ -1025,6 +1057,12 @@ func (r *Run) Close() error {
 			if r.catchUp() == nil {
 				r.writeManifest()
 			}
+			// The ledger alone holds every record from here on; the
+			// journal is needed after a machine crash only.
+			if serr := r.syncLedger(); serr != nil {
+				r.setSticky(serr)
+				err = serr
+			}
 			r.removeHandoff()
 			r.stMu.Unlock()
 			r.lock.Unlock()
@@ -1051,6 +1089,9 @@ func (r *Run) release() {
 	if r.ledger != nil {
 		r.ledger.Close()
 	}
+	if r.wal.f != nil {
+		r.wal.f.Close()
+	}
 	if r.root != nil {
 		r.root.Close()
 	}
@@ -1071,6 +1112,9 @@ func (r *Run) crash() {
 	}
 	if r.ledger != nil {
 		r.ledger.Close()
+	}
+	if r.wal.f != nil {
+		r.wal.f.Close()
 	}
 	if r.root != nil {
 		r.root.Close()

@@ -585,7 +585,8 @@ func (st *Stage) collectOutputs() ([]Output, error) {
 
 // Complete ends the attempt successfully: it checks the inputs again,
 // hashes the outputs and appends the complete record. When Complete
-// returns nil the record is durable (fsync'd) and logs/next-steps.txt is
+// returns nil the record is in the ledger and durable (fdatasync'd there
+// or in logs/ledger.wal: see the package doc) and logs/next-steps.txt is
 // current. When an input changed while the stage ran, Complete records the
 // stage as invalidated instead and returns ErrStale: run it again.
 // Safe for concurrent use; a second call returns ErrClosed.
@@ -677,7 +678,7 @@ func (st *Stage) Fail(err error) error {
 // Await ends the attempt as waiting for a person's review: the outputs
 // written so far are recorded, and the stage is complete once Approve is
 // called. Await returns an error wrapping ErrNeedsPerson when the await
-// record is durable (fsync'd), so that Do and the pipeline stop there; any
+// record is durable (see Complete), so that Do and the pipeline stop there; any
 // other error means the await was not acknowledged. Safe for concurrent
 // use; after the attempt ended it returns ErrClosed.
 func (st *Stage) Await(reason string) error {

@@ -243,6 +243,9 @@ func (c *cli) repair(dir string, o *runstate.RepairOptions, asJSON bool) int {
 	} else {
 		fmt.Fprintf(w, "  damage:  %s\n", rep.Damage)
 	}
+	if rep.Restored > 0 {
+		fmt.Fprintf(w, "  restored: %d acknowledged records from logs/ledger.wal (a machine crash kept them out of the ledger)\n", rep.Restored)
+	}
 	if rep.TornSaved != "" {
 		fmt.Fprintf(w, "  cut:     the torn tail, %d bytes, saved to %s\n", rep.TornBytes, rep.TornSaved)
 	}

@@ -360,9 +360,10 @@ func (f *FS) underNewDir(path string) bool {
 // it. Handles opened before fail from then on. Crash the runs that use
 // the FS first, so that nothing writes meanwhile.
 //
-// With torn set, a file whose content grew since its last sync keeps a
-// random prefix of the unsynced bytes instead of none, as a disk that
-// wrote some of its queued blocks would (rng picks how many).
+// With torn set, a disk wrote some of its queued blocks (see tear): a
+// file whose content grew since its last sync keeps a random prefix of
+// the unsynced bytes instead of none, and each 512-byte sector overwritten
+// since the last sync keeps its old or its new bytes (rng picks).
 func (f *FS) PowerLoss(torn *rand.Rand) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -389,8 +390,8 @@ func (f *FS) PowerLoss(torn *rand.Rand) error {
 		}
 		data := ino.synced
 		if torn != nil {
-			if cur, err := os.ReadFile(p); err == nil && len(cur) > len(data) && string(cur[:len(data)]) == string(data) {
-				data = cur[:len(data)+torn.IntN(len(cur)-len(data)+1)]
+			if cur, err := os.ReadFile(p); err == nil {
+				data = tear(data, cur, torn)
 			}
 		}
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -430,6 +431,32 @@ func (f *FS) PowerLoss(torn *rand.Rand) error {
 	return nil
 }
 
+// sector is the unit a disk writes whole, or not at all.
+const sector = 512
+
+// tear is what a power loss may leave of a file whose durable content is
+// synced and whose content now is cur: each sector overwritten since the
+// sync holds its old or its new bytes (rng picks), and when the file grew
+// with its old bytes in place, a random prefix of the growth survives.
+func tear(synced, cur []byte, rng *rand.Rand) []byte {
+	out := append([]byte(nil), synced...)
+	n := min(len(synced), len(cur))
+	same := true
+	for s := 0; s < n; s += sector {
+		e := min(s+sector, n)
+		if string(cur[s:e]) != string(synced[s:e]) {
+			same = false
+			if rng.IntN(2) == 0 {
+				copy(out[s:e], cur[s:e])
+			}
+		}
+	}
+	if same && len(cur) > len(synced) {
+		out = cur[:len(synced)+rng.IntN(len(cur)-len(synced)+1)]
+	}
+	return out
+}
+
 // File is a file opened through FS.
 type File struct {
 	f     *os.File
@@ -457,7 +484,15 @@ func (h *File) ReadAt(p []byte, off int64) (int, error) { return h.f.ReadAt(p, o
 
 // Write writes p, or fails as a rule says: with a short write, the first
 // bytes reach the file before the error.
-func (h *File) Write(p []byte) (int, error) {
+func (h *File) Write(p []byte) (int, error) { return h.write(p, h.f.Write) }
+
+// WriteAt writes p at off, or fails as a rule says (OpWrite), as Write.
+func (h *File) WriteAt(p []byte, off int64) (int, error) {
+	return h.write(p, func(b []byte) (int, error) { return h.f.WriteAt(b, off) })
+}
+
+// write is Write and WriteAt: do writes, unless a rule fires.
+func (h *File) write(p []byte, do func([]byte) (int, error)) (int, error) {
 	h.fs.mu.Lock()
 	if err := h.check(); err != nil {
 		h.fs.mu.Unlock()
@@ -466,18 +501,15 @@ func (h *File) Write(p []byte) (int, error) {
 	r := h.fs.fault(OpWrite, h.name)
 	h.fs.mu.Unlock()
 	if r == nil {
-		return h.f.Write(p)
+		return do(p)
 	}
 	n := r.Short
 	if n < 0 {
 		n = len(p) / 2
 	}
-	if n > len(p) {
-		n = len(p)
-	}
+	n = min(n, len(p))
 	if n > 0 {
-		m, err := h.f.Write(p[:n])
-		if err != nil {
+		if m, err := do(p[:n]); err != nil {
 			return m, err
 		}
 	}

@@ -184,6 +184,7 @@ type File interface {
 	io.Reader
 	io.ReaderAt
 	io.Writer
+	io.WriterAt
 	io.Seeker
 	io.Closer
 	Sync() error

@@ -1,0 +1,536 @@
+package runstate
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// logs/ledger.wal is where an acknowledged record is made durable before
+// the ledger itself is. An fdatasync after an append must also write the
+// file's new size (a journal commit on ext4): 120 µs against 84 µs for an
+// overwrite of bytes already allocated, which writes no metadata
+// (measured here with `cd bench && go run ./cmd/compare -probe`). So a
+// checkpoint appends its records to logs/ledger.jsonl as before, with one
+// write(2) that every reader sees at once, then writes the same bytes over
+// a fixed-size, preallocated file and fdatasyncs that instead.
+//
+// The journal is a 4 KiB header page and a ring. The ring mirrors the
+// ledger: ledger byte x is at ring byte x mod (size-4096). The header
+// page holds two 512-byte slots, "runstate-wal 1 end=E seq=S hash=H\n":
+// the ledger offset a durable batch ended at, the seq and the chain hash
+// of its last record. A batch writes its bytes into the ring and its end
+// into the slot that does not hold the newest end, then one fdatasync; a
+// power loss in the middle may tear that slot or those bytes (sector by
+// sector), never the other slot, which still names a batch that is whole.
+//
+// Each writer keeps, under the ledger lock, two offsets: covered (every
+// ledger byte before it is durable, in the ledger or in the journal) and
+// synced (every byte before it is durable in the ledger itself, by its
+// own fdatasync of the ledger). A batch that ends at end is written to
+// the ring, from covered on, only when end-ring ≤ synced: the ring bytes
+// it overwrites belong to ledger bytes already durable. Otherwise the
+// ledger is fdatasync'd, as without a journal: once per ~252 KiB of
+// records. A writer that knows less than another process did syncs more
+// often, never less. Writing from covered, not from the batch's start,
+// puts the begins written meanwhile without an fsync (and other
+// processes' appends) in the ring too, so the ring has no gap.
+//
+// After a machine crash the ledger may end before records that were
+// acknowledged. Open (under the ledger lock), Repair and every reader
+// look at the slots: when one names an end past the ledger's last good
+// record, and the ring, read from there, continues the hash chain up to
+// exactly that end, seq and hash, those records are the ones the ledger
+// lost. Open and Repair append them to the ledger and fdatasync it;
+// Inspect, Verify and ReadLedger read them in memory. The ledger is never
+// cut back below bytes a slot names, except by Repair's TruncateAt, which
+// clears the journal first.
+//
+// After a clean Close, or after a process is killed (the kernel still has
+// its writes), logs/ledger.jsonl alone holds every acknowledged record.
+const walFile = "logs/ledger.wal"
+
+// walSize is the size of a new journal; a journal of another size (a
+// multiple of walAlign, at least walMin) is used as it is. walHeader is
+// the header page; a slot is one sector.
+const (
+	walSize   = 256 << 10
+	walAlign  = 4096
+	walMin    = 64 << 10
+	walHeader = 4096
+	walSlot   = 512
+)
+
+// journal is a Run's handle on logs/ledger.wal. Its fields are used under
+// the ledger lock by the group-commit leader only.
+type journal struct {
+	f       file  // nil: no journal (NoSync): the ledger is fsync'd
+	ring    int64 // the ring's size: the journal's size less the header
+	covered int64 // ledger bytes before this are durable (ledger or journal)
+	synced  int64 // ledger bytes before this are durable in the ledger
+	slots   [2 * walSlot]byte
+	// Which way makes a batch durable faster on this file system (see
+	// pick): cost holds a moving average of each way's time, 0 until
+	// measured.
+	cost    [2]time.Duration
+	best    int // wayLedger or wayRing
+	last    int // the way the previous batch took
+	batches int
+	explore int // batches left in a trial of the other way
+	// pending is what this process wrote to the ledger from pendingAt
+	// on, contiguously, kept until it is durable: the begins a batch
+	// must put in the ring with its own records, without reading them
+	// back. Guarded by stMu (side writers append to it).
+	pending   []byte
+	pendingAt int64
+}
+
+// The two ways to make a batch durable.
+const (
+	wayLedger = 0 // fdatasync the ledger
+	wayRing   = 1 // write the ring and a header slot, fdatasync the journal
+)
+
+// durableWay is Options.durable: which way a test wants.
+type durableWay int
+
+const (
+	durableMeasured   durableWay = iota // pick by measurement
+	durableLedgerOnly                   // always fdatasync the ledger
+	durableRingOnly                     // the ring whenever it can take the batch
+)
+
+// exploreEvery and exploreFor: every exploreEvery batches, the way not
+// chosen is tried for exploreFor batches (the first of which is not
+// measured: after the ring, the ledger's first fdatasync also writes what
+// the ring held), so that both averages follow the file system.
+const (
+	exploreEvery = 64
+	exploreFor   = 4
+)
+
+// pick chooses the way for a batch that the ring could take. Which is
+// faster depends on the file system, and not by a little: on ext4 with a
+// journal the ring's overwrite + fdatasync is about half an append +
+// fdatasync (a journal commit for the new size); on ext4 without one a
+// Do through the ring was 1.07x a Do through the ledger's fdatasync here
+// (PERF.md). So it is measured, not assumed.
+func (j *journal) pick() int {
+	j.batches++
+	if j.explore > 0 {
+		j.explore--
+		return 1 - j.best
+	}
+	if j.cost[1-j.best] == 0 || j.batches%exploreEvery == 0 {
+		j.explore = exploreFor - 1
+		return 1 - j.best
+	}
+	return j.best
+}
+
+// note records that a batch took way and d; it reports whether the best
+// way changed. The ring must be 10% faster to be chosen: the ledger's own
+// fdatasync keeps it whole without a restore.
+func (j *journal) note(way int, d time.Duration) bool {
+	if way != j.last {
+		j.last = way // the first batch after a switch is not typical
+		return false
+	}
+	if j.cost[way] == 0 {
+		j.cost[way] = d
+	} else {
+		j.cost[way] += (d - j.cost[way]) / 8
+	}
+	if j.cost[wayLedger] == 0 || j.cost[wayRing] == 0 {
+		return false
+	}
+	best := wayLedger
+	if j.cost[wayRing] < j.cost[wayLedger]*9/10 {
+		best = wayRing
+	}
+	changed := best != j.best
+	j.best = best
+	return changed
+}
+
+// wrote notes b, written to the ledger at offset at. The caller holds
+// stMu.
+func (j *journal) wrote(b []byte, at int64) {
+	if j.f == nil {
+		return
+	}
+	if j.pendingAt+int64(len(j.pending)) != at || int64(len(j.pending)+len(b)) > j.ring {
+		j.pending, j.pendingAt = j.pending[:0], at
+	}
+	j.pending = append(j.pending, b...)
+}
+
+// span returns the ledger bytes from covered to end when pending holds
+// them all, else nil. The slice stays valid while side writers append.
+// The caller holds stMu.
+func (j *journal) span(end int64) []byte {
+	if j.pendingAt > j.covered || j.pendingAt+int64(len(j.pending)) < end {
+		return nil
+	}
+	return j.pending[j.covered-j.pendingAt : end-j.pendingAt]
+}
+
+// trim drops what is durable from pending. The caller holds stMu and is
+// the leader, with no side writer running.
+func (j *journal) trim() {
+	k := j.covered - j.pendingAt
+	switch {
+	case k <= 0:
+	case k >= int64(len(j.pending)):
+		j.pending, j.pendingAt = j.pending[:0], j.covered
+	default:
+		j.pending = append(j.pending[:0], j.pending[k:]...)
+		j.pendingAt = j.covered
+	}
+}
+
+// walMark is one header slot: a batch that ended at end, with the seq
+// and chain hash of its last record.
+type walMark struct {
+	end  int64
+	seq  int64
+	hash string
+}
+
+func (m walMark) encode(dst []byte) {
+	clear(dst)
+	copy(dst, fmt.Sprintf("runstate-wal 1 end=%d seq=%d hash=%s\n", m.end, m.seq, m.hash))
+}
+
+// parseMark reads a slot; ok is false for zeros, a torn slot or anything
+// else.
+func parseMark(slot []byte) (m walMark, ok bool) {
+	rest, found := bytes.CutPrefix(slot, []byte("runstate-wal 1 end="))
+	if !found {
+		return m, false
+	}
+	num := func(after string) (int64, bool) {
+		var v int64
+		i := 0
+		for ; i < len(rest) && i < 19 && rest[i] >= '0' && rest[i] <= '9'; i++ {
+			v = v*10 + int64(rest[i]-'0')
+		}
+		if i == 0 || v <= 0 {
+			return 0, false
+		}
+		rest, found = bytes.CutPrefix(rest[i:], []byte(after))
+		return v, found
+	}
+	if m.end, ok = num(" seq="); !ok {
+		return m, false
+	}
+	if m.seq, ok = num(" hash="); !ok {
+		return m, false
+	}
+	if len(rest) < 65 || rest[64] != '\n' {
+		return m, false
+	}
+	for _, c := range rest[:64] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return m, false
+		}
+	}
+	m.hash = string(rest[:64])
+	return m, true
+}
+
+// openJournal opens logs/ledger.wal, creating it when it is missing: a
+// file of walSize zeros, fsync'd, renamed into place and its name made
+// durable, so that overwriting it never changes its size. The caller
+// holds the ledger lock.
+func (r *Run) openJournal() error {
+	p := r.path(walFile)
+	f, size, err := openWAL(r.fs, p, os.O_RDWR)
+	if isNotExist(err) {
+		if err := writeAtomic(r.fs, r.path(tmpDir), r.sessionOrNone(), p, make([]byte, walSize), !r.opts.NoSync); err != nil {
+			return fmt.Errorf("runstate: create %s: %w", p, err)
+		}
+		f, size, err = openWAL(r.fs, p, os.O_RDWR)
+	}
+	if err != nil {
+		return err
+	}
+	r.wal = journal{f: f, ring: size - walHeader, best: wayRing, last: wayLedger}
+	return nil
+}
+
+// openWAL opens the journal at p and checks its size. A missing journal is
+// an error for which isNotExist holds.
+func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
+	f, err := fsys.OpenFile(p, flag, 0)
+	if err != nil {
+		if isNotExist(err) {
+			return nil, 0, err
+		}
+		return nil, 0, fmt.Errorf("runstate: open %s: %w (it may hold acknowledged records that a machine crash kept out of the ledger: make it readable)", p, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("runstate: stat %s: %w", p, err)
+	}
+	if fi.IsDir() || fi.Size() < walMin || fi.Size()%walAlign != 0 {
+		f.Close()
+		return nil, 0, fmt.Errorf("runstate: %s is %d bytes, not a multiple of %d of at least %d: it was not written by runstate; move it away to open the run (records a machine crash left only in it would be lost)",
+			p, fi.Size(), walAlign, walMin)
+	}
+	return f, fi.Size(), nil
+}
+
+// makeDurable makes the ledger durable up to pos, where the batch b (the
+// bytes just written) ends: by writing the ledger bytes from covered to
+// there (span, when pending has them) into the ring, and pos into a
+// header slot, and fdatasyncing the journal; or, when the ring cannot
+// take them, by fdatasyncing the ledger. The caller holds the ledger lock
+// and is the leader; side writers may append meanwhile, after pos.
+func (r *Run) makeDurable(b, span []byte, pos chain) error {
+	j := &r.wal
+	end := pos.offset
+	start := end - int64(len(b))
+	way := wayLedger
+	if j.f != nil && j.covered <= start && end-j.covered <= j.ring && end-j.ring <= j.synced {
+		switch r.opts.durable {
+		case durableMeasured:
+			way = j.pick()
+		case durableRingOnly:
+			way = wayRing
+		}
+	}
+	t := time.Now()
+	if err := r.syncBatch(way, b, span, pos); err != nil {
+		return err
+	}
+	if j.f != nil && j.note(way, time.Since(t)) {
+		r.log.Debug("runstate: a batch is made durable the other way now", "ring", j.best == wayRing,
+			"ledger_fdatasync", j.cost[wayLedger], "ring_fdatasync", j.cost[wayRing])
+	}
+	return nil
+}
+
+// syncBatch makes the batch durable the way makeDurable chose.
+func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
+	j := &r.wal
+	end := pos.offset
+	start := end - int64(len(b))
+	if way == wayLedger {
+		if err := r.ledger.Sync(); err != nil {
+			return &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
+		}
+		j.synced, j.covered = end, end
+		return nil
+	}
+	data := b
+	if span != nil {
+		data = span
+	} else if j.covered < start {
+		// Records written since covered without an fsync (begins, or
+		// other processes' appends): the ring must hold them too, or a
+		// restore would stop at the gap.
+		data = make([]byte, end-j.covered)
+		if _, err := r.ledger.ReadAt(data[:start-j.covered], j.covered); err != nil {
+			return &WriteError{Path: r.path(ledgerFile), Op: "read", Sticky: true, Err: err}
+		}
+		copy(data[start-j.covered:], b)
+	}
+	// The slot to write: not the one with the newest end (another
+	// process may have written since this one last did).
+	wp := r.path(walFile)
+	if _, err := j.f.ReadAt(j.slots[:], 0); err != nil {
+		return &WriteError{Path: wp, Op: "read", Sticky: true, Err: err}
+	}
+	m0, _ := parseMark(j.slots[:walSlot])
+	m1, _ := parseMark(j.slots[walSlot:])
+	slot := int64(0)
+	if m1.end < m0.end {
+		slot = 1
+	}
+	off := j.covered % j.ring
+	n := min(int64(len(data)), j.ring-off)
+	_, err := j.f.WriteAt(data[:n], walHeader+off)
+	if err == nil && n < int64(len(data)) {
+		_, err = j.f.WriteAt(data[n:], walHeader)
+	}
+	if err == nil {
+		mark := j.slots[slot*walSlot : (slot+1)*walSlot]
+		walMark{end: end, seq: pos.seq, hash: pos.hash}.encode(mark)
+		_, err = j.f.WriteAt(mark, slot*walSlot)
+	}
+	if err != nil {
+		return &WriteError{Path: wp, Op: "write", Sticky: true, Err: err}
+	}
+	if err := j.f.Sync(); err != nil {
+		return &WriteError{Path: wp, Op: "sync", Sticky: true, Err: err}
+	}
+	j.covered = end
+	return nil
+}
+
+// syncLedger fdatasyncs the ledger up to its end, so that it alone holds
+// every record (Close). The caller holds the ledger lock and stMu.
+func (r *Run) syncLedger() error {
+	if r.opts.NoSync {
+		return nil
+	}
+	if err := r.ledger.Sync(); err != nil {
+		return &WriteError{Path: r.path(ledgerFile), Op: "sync", Err: err}
+	}
+	r.wal.synced = max(r.wal.synced, r.st.pos.offset)
+	r.wal.covered = max(r.wal.covered, r.st.pos.offset)
+	return nil
+}
+
+// journalTail returns the records that only the journal holds past pos
+// (the end of the ledger's last good record): the ring's bytes from pos
+// to the end a header slot names, when they continue the chain up to
+// exactly that end, seq and hash. Of the two slots the newest that holds
+// wins. A missing journal, or one with nothing past pos, has none.
+func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, error) {
+	p := filepath.Join(dir, filepath.FromSlash(walFile))
+	f, size, err := openWAL(fsys, p, os.O_RDONLY)
+	if isNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var slots [2 * walSlot]byte
+	if _, err := f.ReadAt(slots[:], 0); err != nil {
+		return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+	}
+	var marks []walMark
+	for i := range 2 {
+		if m, ok := parseMark(slots[i*walSlot : (i+1)*walSlot]); ok && m.end > pos.offset && m.seq > pos.seq {
+			marks = append(marks, m)
+		}
+	}
+	if len(marks) == 2 && marks[1].end > marks[0].end {
+		marks[0], marks[1] = marks[1], marks[0]
+	}
+	ring := size - walHeader
+	for _, m := range marks {
+		n := m.end - pos.offset
+		if n > ring {
+			continue // cannot be: the ring holds less
+		}
+		data := make([]byte, n)
+		at := pos.offset % ring
+		k := min(n, ring-at)
+		if _, err := f.ReadAt(data[:k], walHeader+at); err != nil {
+			return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+		}
+		if k < n {
+			if _, err := f.ReadAt(data[k:], walHeader); err != nil {
+				return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+			}
+		}
+		if continues(p, data, pos, m) {
+			return data, nil
+		}
+	}
+	return nil, nil
+}
+
+// continues reports whether data is whole lines that continue the chain
+// at pos and end with the record m names.
+func continues(path string, data []byte, pos chain, m walMark) bool {
+	var d decoder
+	var rec Record
+	c := pos
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			return false
+		}
+		line := data[:i]
+		if d.parse(line, c.hash, &rec) != nil || c.check(path, &rec) != nil {
+			return false
+		}
+		c.seq, c.hash = rec.Seq, lineHash(line)
+		data = data[i+1:]
+	}
+	return c.seq == m.seq && c.hash == m.hash
+}
+
+// restoreJournal appends to the ledger f the records that only the journal
+// holds (journalTail at pos, the end of f's last good record), after
+// saving any bytes f has past pos aside (logs/ledger.jsonl.torn-<time>)
+// and cutting them, and fdatasyncs f. It returns the restored bytes, and
+// the file the cut bytes were saved to. f is open with O_APPEND. The
+// caller holds the ledger lock.
+func restoreJournal(fsys fileSystem, dir, session string, f file, pos chain) (tail []byte, saved string, err error) {
+	tail, err = journalTail(fsys, dir, pos)
+	if err != nil || len(tail) == 0 {
+		return nil, "", err
+	}
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, "", fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	if extra := fi.Size() - pos.offset; extra > 0 {
+		torn := make([]byte, extra)
+		if _, err := f.ReadAt(torn, pos.offset); err != nil {
+			return nil, "", fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
+		}
+		saved = lp + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+		if err := writeAtomic(fsys, filepath.Join(dir, filepath.FromSlash(tmpDir)), session, saved, torn, true); err != nil {
+			return nil, "", fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, saved, err)
+		}
+		if err := f.Truncate(pos.offset); err != nil {
+			return nil, "", &WriteError{Path: lp, Op: "truncate", Err: err}
+		}
+	}
+	if _, err := f.Write(tail); err != nil {
+		// Cut back what was written: the journal still has the records.
+		_ = f.Truncate(pos.offset)
+		return nil, "", &WriteError{Path: lp, Op: "write", Err: err}
+	}
+	if err := f.Sync(); err != nil {
+		return nil, "", &WriteError{Path: lp, Op: "sync", Err: err}
+	}
+	return tail, saved, nil
+}
+
+// applyTail applies to st the records of tail (from journalTail), read
+// from the journal at path.
+func (st *state) applyTail(tail []byte, path string) error {
+	if len(tail) == 0 {
+		return nil
+	}
+	_, err := replay(bytes.NewReader(tail), path, &st.pos, func(rec *Record, line []byte) error {
+		st.apply(rec)
+		st.lastLen = int64(len(line) + 1)
+		return nil
+	})
+	return err
+}
+
+// clearJournal overwrites the journal with zeros and fdatasyncs it, so
+// that no record in it continues the ledger (Repair's TruncateAt, before
+// it cuts acknowledged records). The ledger must be durable first.
+func clearJournal(fsys fileSystem, dir string) error {
+	p := filepath.Join(dir, filepath.FromSlash(walFile))
+	f, size, err := openWAL(fsys, p, os.O_RDWR)
+	if isNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, size), 0); err != nil {
+		return &WriteError{Path: p, Op: "write", Err: err}
+	}
+	if err := f.Sync(); err != nil {
+		return &WriteError{Path: p, Op: "sync", Err: err}
+	}
+	return nil
+}
