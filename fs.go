@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // fileSystem is the seam between runstate and the operating system for the
@@ -124,6 +126,23 @@ func copyAtomic(fsys fileSystem, tmp, session, path string, r io.Reader, sync bo
 		return fsys.SyncDir(filepath.Dir(path))
 	}
 	return nil
+}
+
+// saveTorn copies the ledger's bytes from..to (a torn tail, or bytes the
+// journal replaces) aside to logs/ledger.jsonl.torn-<time> through a temp
+// file, synced when sync is set, and returns that path. It does not cut
+// them: the caller truncates the ledger its own way.
+func saveTorn(fsys fileSystem, dir, session string, ledger file, from, to int64, sync bool) (string, error) {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	torn := make([]byte, to-from)
+	if _, err := ledger.ReadAt(torn, from); err != nil {
+		return "", fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
+	}
+	aside := lp + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := writeAtomic(fsys, filepath.Join(dir, filepath.FromSlash(tmpDir)), session, aside, torn, sync); err != nil {
+		return "", fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, aside, err)
+	}
+	return aside, nil
 }
 
 // fileSize returns f's size without stat(2): it seeks to the end (reads

@@ -188,13 +188,9 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce))
 
 	case o.TruncateAt == 0 && tornAt >= 0:
-		torn := make([]byte, size-tornAt)
-		if _, err := f.ReadAt(torn, tornAt); err != nil {
-			return nil, fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
-		}
-		aside := lp + ".torn-" + stamp
-		if err := writeAtomic(fsys, path(tmpDir), "repair", aside, torn, true); err != nil {
-			return nil, fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, aside, err)
+		aside, err := saveTorn(fsys, dir, "repair", f, tornAt, size, true)
+		if err != nil {
+			return nil, err
 		}
 		if err := cutLedger(f, lp, tornAt); err != nil {
 			return nil, err

@@ -479,19 +479,15 @@ func (r *Run) cutTorn() error {
 		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: size,
 			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", size, end)}
 	}
-	torn := make([]byte, size-end)
-	if _, err := r.ledger.ReadAt(torn, end); err != nil {
-		return fmt.Errorf("runstate: read torn tail of %s: %w", r.path(ledgerFile), err)
-	}
-	aside := r.path(ledgerFile) + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
-	if err := writeAtomic(r.fs, r.path(tmpDir), r.sessionOrNone(), aside, torn, !r.opts.NoSync); err != nil {
-		return fmt.Errorf("runstate: save torn tail of %s to %s: %w", r.path(ledgerFile), aside, err)
+	aside, err := saveTorn(r.fs, r.dir, r.sessionOrNone(), r.ledger, end, size, !r.opts.NoSync)
+	if err != nil {
+		return err
 	}
 	if err := r.ledger.Truncate(end); err != nil {
 		return &WriteError{Path: r.path(ledgerFile), Op: "truncate", Err: err}
 	}
 	r.log.Warn("runstate: cut a torn last line from the ledger (a writer died mid-append; it was never acknowledged)",
-		"ledger", r.path(ledgerFile), "offset", end, "bytes", len(torn), "saved", aside)
+		"ledger", r.path(ledgerFile), "offset", end, "bytes", size-end, "saved", aside)
 	return nil
 }
 

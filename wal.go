@@ -475,18 +475,13 @@ func restoreJournal(fsys fileSystem, dir, session string, f file, pos chain) (ta
 		return nil, "", err
 	}
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	fi, err := f.Stat()
+	size, err := fileSize(f)
 	if err != nil {
-		return nil, "", fmt.Errorf("runstate: stat %s: %w", lp, err)
+		return nil, "", fmt.Errorf("runstate: size of %s: %w", lp, err)
 	}
-	if extra := fi.Size() - pos.offset; extra > 0 {
-		torn := make([]byte, extra)
-		if _, err := f.ReadAt(torn, pos.offset); err != nil {
-			return nil, "", fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
-		}
-		saved = lp + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
-		if err := writeAtomic(fsys, filepath.Join(dir, filepath.FromSlash(tmpDir)), session, saved, torn, true); err != nil {
-			return nil, "", fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, saved, err)
+	if size > pos.offset {
+		if saved, err = saveTorn(fsys, dir, session, f, pos.offset, size, true); err != nil {
+			return nil, "", err
 		}
 		if err := f.Truncate(pos.offset); err != nil {
 			return nil, "", &WriteError{Path: lp, Op: "truncate", Err: err}
