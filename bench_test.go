@@ -17,8 +17,9 @@ import (
 )
 
 // The performance budget (DESIGN.md section 5) is read from these side by
-// side: BenchmarkCheckpoint against BenchmarkRawAppend, and
-// BenchmarkCheckpointParallel8 against BenchmarkCheckpoint. The program
+// side: BenchmarkCheckpoint against BenchmarkRawAppend,
+// BenchmarkCheckpointParallel8 and BenchmarkCheckpointLargePlan against
+// BenchmarkCheckpoint. The program
 // internal/perfreport measures the same in alternating rounds and prints
 // the ratios.
 
@@ -79,6 +80,28 @@ func BenchmarkCheckpointNoOutput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCheckpointLargePlan is BenchmarkCheckpoint in a run whose plan
+// has 100,000 stages, done in plan order: the handoff rewritten after each
+// checkpoint summarizes the plan, and should cost no more for it.
+func BenchmarkCheckpointLargePlan(b *testing.B) {
+	r := openBench(b, b.TempDir())
+	defer r.Close()
+	names := make([]string, 100_000)
+	for i := range names {
+		names[i] = fmt.Sprintf("q%06d", i)
+	}
+	if err := r.Plan(context.Background(), names...); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := checkpoint(r, fmt.Sprintf("q%06d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer() // Close rewrites the manifest of 100,000 stages
 }
 
 // checkpointBytes returns the ledger bytes one checkpoint appends (its

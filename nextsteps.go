@@ -42,20 +42,7 @@ func (s *state) nextSteps() string {
 	}
 	b.WriteString("\n")
 
-	// One pass over the plan, keeping only the names the page shows: this
-	// runs after every append, so it must not copy the state (Status does).
-	var doneNames, rest shortList
-	next := ""
-	for _, name := range s.plan {
-		switch {
-		case done(s.stages[name].State):
-			doneNames.add(name)
-		case next == "":
-			next = name
-		default:
-			rest.add(name)
-		}
-	}
+	doneNames, next, rest := s.planSummary()
 	remaining := rest.n
 	if next != "" {
 		remaining++
@@ -120,6 +107,44 @@ func (s *state) nextSteps() string {
 	b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
 	b.WriteString("          runstate status DIR; runstate log DIR\n")
 	return b.String()
+}
+
+// planSummary returns what the handoff shows of the plan: the stages
+// done, the next one to do and the rest. This runs after every append:
+// it reads the plan index (planIndex), keeping only the names the page
+// shows, and never copies the state (Status does).
+func (s *state) planSummary() (doneNames shortList, next string, rest shortList) {
+	if s.planned.dup {
+		for _, name := range s.plan {
+			switch {
+			case done(s.stages[name].State):
+				doneNames.add(name)
+			case next == "":
+				next = name
+			default:
+				rest.add(name)
+			}
+		}
+		return doneNames, next, rest
+	}
+	open := s.planned.remaining()
+	doneNames.n = len(s.plan) - open
+	s.planned.each(false, func(i int) bool {
+		doneNames.names = append(doneNames.names, s.plan[i])
+		return len(doneNames.names) < shortListMax
+	})
+	if open > 0 {
+		rest.n = open - 1
+		s.planned.each(true, func(i int) bool {
+			if next == "" {
+				next = s.plan[i]
+				return rest.n > 0
+			}
+			rest.names = append(rest.names, s.plan[i])
+			return len(rest.names) < shortListMax
+		})
+	}
+	return doneNames, next, rest
 }
 
 // shortList is a list of stage names as the handoff shows it: the first

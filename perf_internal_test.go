@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -590,6 +592,152 @@ func TestNextStepsCheap(t *testing.T) {
 	require.NoError(t, err)
 	check("reopened")
 	require.NoError(t, r.Close())
+}
+
+// planView is what the handoff shows of the plan.
+type planView struct {
+	Done, Rest   []string
+	NDone, NRest int
+	Next         string
+}
+
+func viewOf(s *state) planView {
+	d, next, r := s.planSummary()
+	return planView{Done: d.names, NDone: d.n, Next: next, Rest: r.names, NRest: r.n}
+}
+
+// lookUpEvery is the plan summary made by looking up every planned stage,
+// as the handoff did before the plan index.
+func lookUpEvery(s *state) planView {
+	var v planView
+	for _, name := range s.plan {
+		switch {
+		case done(s.stages[name].State):
+			if len(v.Done) < shortListMax {
+				v.Done = append(v.Done, name)
+			}
+			v.NDone++
+		case v.Next == "":
+			v.Next = name
+		default:
+			if len(v.Rest) < shortListMax {
+				v.Rest = append(v.Rest, name)
+			}
+			v.NRest++
+		}
+	}
+	return v
+}
+
+// TestPlanIndex checks the handoff's plan summary, read through the plan
+// index, against a look-up of every planned stage: over random plans (of
+// sizes around the index's 64-bit words), random records about planned and
+// unplanned stages, new plans, and the state a manifest round trip gives.
+func TestPlanIndex(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 1))
+	evs := []string{evBegin, evComplete, evComplete, evSkip, evFail, evAwait, evApprove, evInterrupted, evInvalidate}
+	classes := []string{"", ClassRetryable, ClassPerson, ClassFatal}
+	norm := func(v planView) planView { // nil and empty lists are the same page
+		if len(v.Done) == 0 {
+			v.Done = nil
+		}
+		if len(v.Rest) == 0 {
+			v.Rest = nil
+		}
+		return v
+	}
+	for _, size := range []int{0, 1, 8, 9, 63, 64, 65, 130, 1000} {
+		s := newState()
+		s.identity.ID = "plan-index"
+		seq := int64(0)
+		add := func(rec *Record) {
+			seq++
+			rec.Seq, rec.At, rec.Session = seq, time.Unix(seq, 0).UTC(), "s1"
+			s.apply(rec)
+		}
+		plan := func(names []string) {
+			data, err := json.Marshal(names)
+			require.NoError(t, err)
+			add(&Record{Ev: evPlan, Data: data})
+		}
+		var names []string
+		for _, i := range rng.Perm(size) { // plan order is not name order
+			names = append(names, "p"+strconv.Itoa(i))
+		}
+		plan(names)
+		check := func(what string) {
+			t.Helper()
+			require.Equal(t, norm(lookUpEvery(s)), norm(viewOf(s)), "plan of %d, %s", size, what)
+		}
+		check("new plan")
+		for step := range 4*size + 40 {
+			stage := "unplanned" + strconv.Itoa(rng.IntN(3))
+			if len(s.plan) > 0 && rng.IntN(10) > 0 {
+				stage = s.plan[rng.IntN(len(s.plan))]
+			}
+			rec := &Record{Ev: evs[rng.IntN(len(evs))], Stage: stage, Attempt: 1, Reason: "r"}
+			if rec.Ev == evFail {
+				rec.Class, rec.Error = classes[rng.IntN(len(classes))], "e"
+			}
+			add(rec)
+			if size < 100 || step%50 == 0 {
+				check(fmt.Sprintf("step %d (%s %s)", step, rec.Ev, stage))
+			}
+			if rng.IntN(4*size+40) == 0 { // a new plan: some old stages, some new
+				var next []string
+				for _, n := range s.plan {
+					if rng.IntN(3) > 0 {
+						next = append(next, n)
+					}
+				}
+				next = append(next, "new"+strconv.Itoa(step))
+				rng.Shuffle(len(next), func(i, j int) { next[i], next[j] = next[j], next[i] })
+				plan(next)
+				check("replanned")
+			}
+		}
+		check("end")
+		s.pos = chain{seq: seq, hash: strings.Repeat("ab", 32), offset: 1000}
+		s.lastLen = 100
+		data, err := s.encodeManifest(time.Now())
+		require.NoError(t, err)
+		from, _, err := decodeManifest(data)
+		require.NoError(t, err)
+		require.Equal(t, norm(viewOf(s)), norm(viewOf(from)), "plan of %d: from the manifest", size)
+		require.Equal(t, norm(lookUpEvery(from)), norm(viewOf(from)), "plan of %d: from the manifest", size)
+	}
+}
+
+// TestHandoffIndependentOfPlanSize renders the handoff of a plan of
+// 100,000 stages and of 100 stages, each a quarter done: the big one may
+// not take more than a few times as long (looking up every planned stage,
+// it took over a hundred times as long).
+func TestHandoffIndependentOfPlanSize(t *testing.T) {
+	render := func(size int) time.Duration {
+		s := newState()
+		s.identity.ID = "plan-size"
+		names := make([]string, size)
+		for i := range names {
+			names[i] = fmt.Sprintf("stage-%06d", i)
+		}
+		data, err := json.Marshal(names)
+		require.NoError(t, err)
+		s.apply(&Record{Seq: 1, Ev: evPlan, Data: data})
+		for i := 0; i < size; i += 4 {
+			s.apply(&Record{Seq: int64(i + 2), Ev: evComplete, Stage: names[i]})
+		}
+		require.Contains(t, s.nextSteps(), fmt.Sprintf("progress: %d of %d planned stages done", size/4, size))
+		best := time.Duration(math.MaxInt64)
+		for range 30 {
+			start := time.Now()
+			_ = s.nextSteps()
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	small, big := render(100), render(100_000)
+	t.Logf("handoff of a 100-stage plan %v, of a 100,000-stage plan %v", small, big)
+	assert.Less(t, big, 10*small, "the handoff's cost grows with the plan")
 }
 
 // runRecords is how many records the constant-time Open test generates:

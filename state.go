@@ -3,6 +3,7 @@ package runstate
 import (
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"sort"
 	"time"
 )
@@ -158,6 +159,7 @@ type state struct {
 	// after every append, need not look at every stage.
 	blocking int       // stages and effects that blockers lists
 	stageAt  time.Time // the latest At of any stage
+	planned  planIndex // which planned stages are not done
 }
 
 func newState() *state {
@@ -228,6 +230,7 @@ func (s *state) apply(r *Record) {
 		for _, n := range names {
 			s.stage(n)
 		}
+		s.planned.build(s)
 	case evBegin:
 		st := s.stage(r.Stage)
 		if st.State == StateComplete {
@@ -366,6 +369,7 @@ func (s *state) apply(r *Record) {
 		e.Error = ""
 	}
 	if st := s.stages[r.Stage]; st != nil && r.Stage != "" {
+		s.planned.mark(st)
 		st.Seq, st.At = r.Seq, r.At
 		if r.At.After(s.stageAt) {
 			s.stageAt = r.At
@@ -397,6 +401,10 @@ func blocked(state string) bool {
 // derive sets what apply keeps up to date, for a state that was not built
 // by apply (decodeManifest).
 func (s *state) derive() {
+	for _, n := range s.plan {
+		s.stage(n)
+	}
+	s.planned.build(s)
 	s.blocking, s.stageAt = 0, time.Time{}
 	for _, st := range s.stages {
 		if blocked(st.State) {
@@ -445,3 +453,71 @@ func (s *state) stageNames() []string {
 
 // done reports whether a stage's state counts as done.
 func done(state string) bool { return state == StateComplete || state == StateSkipped }
+
+// planIndex is one bit per position of the plan: set while the stage
+// there is not done. The handoff, rendered after every append, reads the
+// plan through it: counting and finding the next stages is a scan of
+// len(plan)/64 words, where a look-up of every planned stage made a
+// checkpoint of a 100,000-stage plan ten times slower than one of a
+// small plan. apply keeps it up to date.
+type planIndex struct {
+	at   map[string]int // plan position of each planned stage
+	open []uint64       // bit i: plan[i] is not done
+	n    int            // len(plan)
+	// dup: the plan names a stage twice (a ledger edited by hand; Plan
+	// refuses it). Not indexed: the handoff looks up every planned stage.
+	dup bool
+}
+
+// build indexes s.plan afresh (a plan record; a state from a manifest).
+func (p *planIndex) build(s *state) {
+	*p = planIndex{at: make(map[string]int, len(s.plan)), open: make([]uint64, (len(s.plan)+63)/64), n: len(s.plan)}
+	for i, name := range s.plan {
+		if _, seen := p.at[name]; seen {
+			p.dup = true
+		}
+		p.at[name] = i
+		if st := s.stages[name]; st == nil || !done(st.State) {
+			p.open[i/64] |= 1 << (i % 64)
+		}
+	}
+}
+
+// mark records whether st, if planned, is done now.
+func (p *planIndex) mark(st *StageStatus) {
+	i, ok := p.at[st.Name]
+	if !ok || p.dup {
+		return
+	}
+	if done(st.State) {
+		p.open[i/64] &^= 1 << (i % 64)
+	} else {
+		p.open[i/64] |= 1 << (i % 64)
+	}
+}
+
+// each calls fn with the plan positions whose bit is want (true: not
+// done), in plan order, until fn returns false.
+func (p *planIndex) each(want bool, fn func(i int) bool) {
+	for w, word := range p.open {
+		if !want {
+			word = ^word
+		}
+		for word != 0 {
+			i := w*64 + bits.TrailingZeros64(word)
+			if i >= p.n || !fn(i) {
+				return
+			}
+			word &= word - 1
+		}
+	}
+}
+
+// remaining counts the planned stages that are not done.
+func (p *planIndex) remaining() int {
+	n := 0
+	for _, word := range p.open {
+		n += bits.OnesCount64(word)
+	}
+	return n
+}

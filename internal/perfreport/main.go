@@ -10,6 +10,9 @@
 //   - a checkpoint (Do with one small WriteFile) against a raw write and
 //     fdatasync of the bytes it appends to the ledger, and against the
 //     same plus writing the output file as WriteFile does;
+//   - a checkpoint of a run whose plan has 100,000 stages against one
+//     of a run without a plan (the handoff, rewritten after every
+//     checkpoint, summarizes the plan);
 //   - 8 goroutines checkpointing against one (throughput);
 //   - Open of a run of -records records (resumed from its manifest) and of
 //     one a tenth as long;
@@ -58,6 +61,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// bigPlan is how many stages the planned run's plan has.
+const bigPlan = 100_000
 
 var payload = []byte("result of the stage: 42 lines changed, all tests pass\n")
 
@@ -130,13 +136,26 @@ func run(base string, rounds, n, records int, profile string) error {
 		return err
 	}
 	defer parRun.Close()
+	planRun, err := runstate.Open(filepath.Join(work, "plan"), &runstate.Options{Request: "perfreport"})
+	if err != nil {
+		return err
+	}
+	defer planRun.Close()
+	planned := make([]string, bigPlan)
+	for i := range planned {
+		planned[i] = fmt.Sprintf("q%06d", i)
+	}
+	if err := planRun.Plan(context.Background(), planned...); err != nil {
+		return err
+	}
 
 	var (
-		rawMed, outMed, ckMed, bareMed          []float64 // µs, median per round
+		rawMed, outMed, ckMed, bareMed, planMed []float64 // µs, median per round
 		seqThr, parThr                          []float64 // checkpoints/s
 		seqCPU, parCPU                          []float64 // µs of CPU per checkpoint
 		ratioRaw, ratioOut, ratioPar, ratioBare []float64
-		rawCount, ckCount, parCount             int
+		ratioPlan                               []float64
+		rawCount, ckCount, parCount, planCount  int
 	)
 	// The sequential figures are taken one operation each in turn,
 	// so that a change in the file system's costs during a round (file
@@ -162,14 +181,22 @@ func run(base string, rounds, n, records int, profile string) error {
 		ckCount++
 		return seqRun.Do(context.Background(), "b"+strconv.Itoa(ckCount), func(context.Context, *runstate.Stage) error { return nil })
 	}
+	planOp := func() error {
+		name := fmt.Sprintf("q%06d", planCount) // the planned stages in order, then more
+		planCount++
+		return checkpoint(planRun, name)
+	}
 	sequential := func() error {
-		var dr, do, dc, db []float64
+		var dr, do, dc, db, dp []float64
 		var ckTotal, ckCPU time.Duration
 		for i := 0; i < n; i++ {
-			for k := 0; k < 4; k++ {
+			for k := 0; k < 5; k++ {
 				var err error
 				t, cpu := time.Now(), cpuTime()
-				switch (i + k) % 4 {
+				switch (i + k) % 5 {
+				case 4:
+					err = planOp()
+					dp = append(dp, us(time.Since(t)))
 				case 3:
 					err = bareOp()
 					db = append(db, us(time.Since(t)))
@@ -193,6 +220,7 @@ func run(base string, rounds, n, records int, profile string) error {
 		}
 		rawMed, outMed, ckMed = append(rawMed, median(dr)), append(outMed, median(do)), append(ckMed, median(dc))
 		bareMed = append(bareMed, median(db))
+		planMed = append(planMed, median(dp))
 		seqThr = append(seqThr, float64(n)/ckTotal.Seconds())
 		seqCPU = append(seqCPU, us(ckCPU)/float64(n))
 		return nil
@@ -250,8 +278,9 @@ func run(base string, rounds, n, records int, profile string) error {
 		ratioBare = append(ratioBare, bareMed[round]/rawMed[round])
 		ratioOut = append(ratioOut, ckMed[round]/outMed[round])
 		ratioPar = append(ratioPar, parThr[round]/seqThr[round])
-		fmt.Printf("round %d: raw %.0f µs, raw+output %.0f µs, checkpoint %.0f µs (%.2fx raw, %.2fx raw+output), without an output %.0f µs (%.2fx raw); sequential %.0f/s (%.0f µs CPU each), 8 goroutines %.0f/s (%.0f µs CPU each, %.2fx)\n",
-			round+1, rawMed[round], outMed[round], ckMed[round], ratioRaw[round], ratioOut[round], bareMed[round], ratioBare[round], seqThr[round], seqCPU[round], parThr[round], parCPU[round], ratioPar[round])
+		ratioPlan = append(ratioPlan, planMed[round]/ckMed[round])
+		fmt.Printf("round %d: raw %.0f µs, raw+output %.0f µs, checkpoint %.0f µs (%.2fx raw, %.2fx raw+output), without an output %.0f µs (%.2fx raw); sequential %.0f/s (%.0f µs CPU each), 8 goroutines %.0f/s (%.0f µs CPU each, %.2fx); with a %d-stage plan %.0f µs (%.2fx)\n",
+			round+1, rawMed[round], outMed[round], ckMed[round], ratioRaw[round], ratioOut[round], bareMed[round], ratioBare[round], seqThr[round], seqCPU[round], parThr[round], parCPU[round], ratioPar[round], bigPlan, planMed[round], ratioPlan[round])
 	}
 
 	pprof.StopCPUProfile()
@@ -323,6 +352,8 @@ func run(base string, rounds, n, records int, profile string) error {
 	row("  checkpoint / raw write+fdatasync with the output file", fmt.Sprintf("%.2fx", median(ratioOut)), "")
 	row("checkpoint without an output: Do of a stage that writes none", fmt.Sprintf("%.0f µs", median(bareMed)), "")
 	row("  checkpoint without an output / raw write+fdatasync", fmt.Sprintf("%.2fx", median(ratioBare)), "")
+	row(fmt.Sprintf("checkpoint in a run with a %d-stage plan", bigPlan), fmt.Sprintf("%.0f µs", median(planMed)), "")
+	row("  with the plan / without", fmt.Sprintf("%.2fx", median(ratioPlan)), "independent of plan size")
 	row("sequential checkpoints", fmt.Sprintf("%.0f/s", median(seqThr)), "")
 	row("8 goroutines checkpointing", fmt.Sprintf("%.0f/s", median(parThr)), "")
 	row("  8 goroutines / sequential", fmt.Sprintf("%.2fx", median(ratioPar)), ">= 3x")
