@@ -706,6 +706,15 @@ func TestPlanIndex(t *testing.T) {
 		require.Equal(t, norm(viewOf(s)), norm(viewOf(from)), "plan of %d: from the manifest", size)
 		require.Equal(t, norm(lookUpEvery(from)), norm(viewOf(from)), "plan of %d: from the manifest", size)
 	}
+	// Plans only a ledger edited by hand holds: a name twice, an empty name.
+	for _, names := range [][]string{{"a", "b", "a", "c"}, {"", "b", "c"}, {"a", ""}} {
+		s := newState()
+		data, err := json.Marshal(names)
+		require.NoError(t, err)
+		s.apply(&Record{Seq: 1, Ev: evPlan, Data: data})
+		s.apply(&Record{Seq: 2, Ev: evComplete, Stage: "b"})
+		require.Equal(t, norm(lookUpEvery(s)), norm(viewOf(s)), "plan %q", names)
+	}
 }
 
 // TestHandoffIndependentOfPlanSize renders the handoff of a plan of

@@ -464,8 +464,9 @@ type planIndex struct {
 	at   map[string]int // plan position of each planned stage
 	open []uint64       // bit i: plan[i] is not done
 	n    int            // len(plan)
-	// dup: the plan names a stage twice (a ledger edited by hand; Plan
-	// refuses it). Not indexed: the handoff looks up every planned stage.
+	// dup: the plan names a stage twice, or names "" (a ledger edited by
+	// hand; Plan refuses both). Not indexed: the handoff looks up every
+	// planned stage.
 	dup bool
 }
 
@@ -473,7 +474,7 @@ type planIndex struct {
 func (p *planIndex) build(s *state) {
 	*p = planIndex{at: make(map[string]int, len(s.plan)), open: make([]uint64, (len(s.plan)+63)/64), n: len(s.plan)}
 	for i, name := range s.plan {
-		if _, seen := p.at[name]; seen {
+		if _, seen := p.at[name]; seen || name == "" {
 			p.dup = true
 		}
 		p.at[name] = i
