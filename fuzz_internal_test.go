@@ -7,6 +7,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +197,175 @@ func FuzzReplay(f *testing.F) {
 			require.ErrorIs(t, err, ErrVersion, "any other error is a version error: %v", err)
 		}
 	})
+}
+
+// encodeWhole is manifest.json's encoding as encoding/json gives it for the
+// whole struct at once: what manifest.encode must equal, byte for byte.
+func encodeWhole(m *manifest) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	err := enc.Encode(m)
+	return buf.Bytes(), err
+}
+
+// manifestOf builds a state whose stages (complete with inputs and
+// outputs, awaiting a person, awaiting a review) and effect are made of
+// the given strings, and snapshots it.
+func manifestOf(name, reason, errText, path, inKey, inVal, key string, request []byte, stages int, at int64) *manifest {
+	s := newState()
+	s.identity = runIdentity{ID: "m", Request: reason, Format: FormatVersion, Environment: map[string]string{inKey: inVal}}
+	seq := int64(0)
+	add := func(r *Record) {
+		seq++
+		r.Seq, r.At = seq, time.Unix(at, seq).UTC()
+		s.apply(r)
+	}
+	names := []string{name}
+	for i := 1; i < stages; i++ {
+		names = append(names, name+strconv.Itoa(i))
+	}
+	data, _ := json.Marshal(names)
+	add(&Record{Ev: evPlan, Data: data})
+	for i, n := range names {
+		add(&Record{Ev: evBegin, Stage: n, Attempt: 1 + i, Session: reason, Inputs: map[string]string{inKey: inVal, "value:x": errText}})
+		switch i % 4 {
+		case 0:
+			add(&Record{Ev: evComplete, Stage: n, Inputs: map[string]string{inKey: inVal, "file:" + path: reason}, Outputs: []Output{{Path: path, SHA256: inVal, Size: int64(len(path))}, {Path: path + "/2", SHA256: inKey}}})
+		case 1:
+			add(&Record{Ev: evFail, Stage: n, Class: ClassPerson, Error: errText})
+		case 2:
+			add(&Record{Ev: evAwait, Stage: n, Reason: reason, Outputs: []Output{{Path: path}}})
+		case 3:
+			add(&Record{Ev: evFail, Stage: n, Class: ClassRetryable, Error: errText})
+		}
+	}
+	add(&Record{Ev: evIntent, Key: key, Reason: inVal, Data: request})
+	add(&Record{Ev: evOpen, Session: errText, Data: []byte(`{"pid":1,"host":"h"}`)})
+	s.pos = chain{seq: seq, hash: strings.Repeat("0", 64), offset: 100}
+	s.lastLen = 50
+	return s.snapshot(time.Unix(at, 0))
+}
+
+// FuzzManifestEncode: manifest.encode, which writes the stages and
+// artifacts by hand and splices them into encoding/json's encoding of the
+// rest, equals encoding/json's encoding of the whole manifest, byte for
+// byte, for any strings in it (HTML, U+2028, control characters, invalid
+// UTF-8, map keys to escape), any number of stages, any times (a year
+// outside 0-9999 is an error either way).
+func FuzzManifestEncode(f *testing.F) {
+	f.Add("plan", "why <b>&</b>", "boom\n\x00\b\f\x7f", "artifacts/a b.txt", "file:in", "sha256:00", "ticket:1", []byte(`{"to":"a@b"}`), 3, int64(1700000000))
+	f.Add("\u2028stage\u2029", "\"quoted\" \\ \xff", "\xff\xfe", "é/ü\xc3", "", "", "", []byte(nil), 4, int64(0))
+	f.Add("s", "", "", "", "k\"ey\u2029", "v", "key", []byte(`  [1, 2]  `), 5, int64(-62135596800))
+	f.Add("y", "r", "e", "p", "k", "v", "key", []byte(nil), 1, int64(253402300800)) // the year 10000
+	f.Fuzz(func(t *testing.T, name, reason, errText, path, inKey, inVal, key string, request []byte, stages int, at int64) {
+		if len(request) > 0 && !json.Valid(request) {
+			request = nil // a record's data is JSON: the reader refuses other bytes
+		}
+		m := manifestOf(name, reason, errText, path, inKey, inVal, key, request, min(max(stages, 0), 12), at)
+		want, werr := encodeWhole(m)
+		got, gerr := m.encode()
+		if werr != nil || gerr != nil {
+			require.Equal(t, werr != nil, gerr != nil, "whole: %v, by hand: %v", werr, gerr)
+			return
+		}
+		require.Equal(t, string(want), string(got))
+	})
+}
+
+// TestManifestEncode checks manifest.encode against encoding/json's
+// encoding of the whole manifest for 0 to 300 stages, and that what
+// encodeManifest writes passes decodeManifest's checksum.
+func TestManifestEncode(t *testing.T) {
+	for _, stages := range []int{0, 1, 2, 4, 300} {
+		m := manifestOf("stage", "r", "e", "artifacts/x", "file:a", "sha256:b", "k", []byte(`{"a":1}`), stages, 1700000000)
+		want, err := encodeWhole(m)
+		require.NoError(t, err)
+		got, err := m.encode()
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), "%d stages", stages)
+	}
+	empty := newState()
+	empty.pos = chain{seq: 1, hash: strings.Repeat("0", 64), offset: 10}
+	empty.lastLen = 10
+	m := empty.snapshot(time.Unix(0, 0))
+	want, err := encodeWhole(m)
+	require.NoError(t, err)
+	got, err := m.encode()
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got), "no stages, no artifacts")
+
+	s := newState()
+	var names []string
+	for i := range 300 {
+		names = append(names, "s"+strconv.Itoa(i))
+	}
+	data, err := json.Marshal(names)
+	require.NoError(t, err)
+	s.apply(&Record{Seq: 1, Ev: evPlan, Data: data})
+	for i, n := range names {
+		s.apply(&Record{Seq: int64(i + 2), Ev: evComplete, Stage: n, Outputs: []Output{{Path: "artifacts/" + n, SHA256: "ab", Size: 1}}})
+	}
+	s.pos = chain{seq: 302, hash: strings.Repeat("0", 64), offset: 1000}
+	s.lastLen = 100
+	out, err := s.encodeManifest(time.Unix(0, 0))
+	require.NoError(t, err)
+	from, _, err := decodeManifest(out)
+	require.NoError(t, err, "decodeManifest's checksum")
+	require.Len(t, from.stages, 300)
+	want, err = encodeWhole(s.snapshot(time.Unix(0, 0)))
+	require.NoError(t, err)
+	i := bytes.LastIndex(out, []byte(`"sum": "`))
+	require.Equal(t, string(want[:i]), string(out[:i]), "all but the sum")
+}
+
+// TestManifestEncodeEveryField sets every field of a StageStatus, an
+// Output and an Artifact, found by reflection, and checks the hand-written
+// encoding against encoding/json's: a field added to those types and not
+// to appendStage or appendArtifact fails here, where the fuzz target, which
+// sets fields by name, would not notice (and a resume from the manifest
+// would silently lose it).
+func TestManifestEncodeEveryField(t *testing.T) {
+	var fill func(v reflect.Value, path string)
+	fill = func(v reflect.Value, path string) {
+		switch v.Kind() {
+		case reflect.String:
+			v.SetString(path + " <&>\u2028")
+		case reflect.Int, reflect.Int64:
+			v.SetInt(int64(len(path)))
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Map:
+			v.Set(reflect.MakeMap(v.Type()))
+			k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+			fill(k, path+".key")
+			fill(e, path+".value")
+			v.SetMapIndex(k, e)
+		case reflect.Slice:
+			v.Set(reflect.MakeSlice(v.Type(), 2, 2))
+			fill(v.Index(0), path+"[0]")
+			fill(v.Index(1), path+"[1]")
+		case reflect.Struct:
+			if v.Type() == reflect.TypeFor[time.Time]() {
+				v.Set(reflect.ValueOf(time.Unix(1700000000, int64(len(path))).UTC()))
+				return
+			}
+			for i := range v.NumField() {
+				fill(v.Field(i), path+"."+v.Type().Field(i).Name)
+			}
+		default:
+			t.Fatalf("%s: a %s: teach this test (and appendStage) that kind", path, v.Kind())
+		}
+	}
+	var st StageStatus
+	var a Artifact
+	fill(reflect.ValueOf(&st).Elem(), "stage")
+	fill(reflect.ValueOf(&a).Elem(), "artifact")
+	m := &manifest{Format: FormatVersion, Stages: []*StageStatus{&st}, Artifacts: []Artifact{a}}
+	want, err := encodeWhole(m)
+	require.NoError(t, err)
+	got, err := m.encode()
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got))
 }

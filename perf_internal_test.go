@@ -1050,3 +1050,28 @@ func TestSideWrittenInterruptedWaitsForHandoff(t *testing.T) {
 	assert.Equal(t, recs[len(recs)-1].Seq, seq, "the handoff is current when Begin returns")
 	assert.Equal(t, []string{"interrupted", "begin"}, evs(recs[len(recs)-2:]))
 }
+
+// BenchmarkManifestEncode rewrites the manifest of a run of 10,000
+// complete stages, each with an input and an output: as Run does
+// (stages and artifacts written by hand), and, for the ratio, through
+// encoding/json at once, as it was done before.
+func BenchmarkManifestEncode(b *testing.B) {
+	m := manifestOf("stage", "reason", "error", "artifacts/out.txt", "file:in.txt", strings.Repeat("ab", 32), "k", nil, 10_000, 1700000000)
+	for _, c := range []struct {
+		name   string
+		encode func(*manifest) ([]byte, error)
+	}{{"by-hand", (*manifest).encode}, {"encoding-json", encodeWhole}} {
+		b.Run(c.name, func(b *testing.B) {
+			data, err := c.encode(m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				if _, err := c.encode(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
