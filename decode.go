@@ -424,6 +424,72 @@ func (p *parser) str() ([]byte, bool) {
 	}
 }
 
+// list reads a JSON array whose elements elem reads.
+func list[T any](p *parser, elem func(*parser) (T, bool)) ([]T, bool) {
+	if !p.byte('[') {
+		return nil, false
+	}
+	out := []T{}
+	p.ws()
+	if p.byte(']') {
+		return out, true
+	}
+	for {
+		v, ok := elem(p)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, v)
+		p.ws()
+		if p.byte(']') {
+			return out, true
+		}
+		if !p.byte(',') {
+			return nil, false
+		}
+		p.ws()
+	}
+}
+
+// fields reads a JSON object, calling field with each key (the parser is
+// then at the value); it refuses a key given twice. (decodeFast, on the
+// replay's hot path, walks its objects inline: through fields, with a
+// closure per field, a replay measured 7-8% slower.)
+func fields(p *parser, field func(key []byte) (bit int, ok bool)) bool {
+	if !p.byte('{') {
+		return false
+	}
+	p.ws()
+	if p.byte('}') {
+		return true
+	}
+	seen := 0
+	for {
+		key, ok := p.str()
+		if !ok {
+			return false
+		}
+		p.ws()
+		if !p.byte(':') {
+			return false
+		}
+		p.ws()
+		bit, ok := field(key)
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		p.ws()
+		if p.byte('}') {
+			return true
+		}
+		if !p.byte(',') {
+			return false
+		}
+		p.ws()
+	}
+}
+
 // text reads a free-text string (error, reason, note), which repeats too
 // rarely to intern.
 func (p *parser) text() (string, bool) {

@@ -314,6 +314,10 @@ func TestManifestEncode(t *testing.T) {
 	from, _, err := decodeManifest(out)
 	require.NoError(t, err, "decodeManifest's checksum")
 	require.Len(t, from.stages, 300)
+	fast, ok := decodeManifestFast(out)
+	require.True(t, ok, "a manifest this package writes takes the fast path")
+	require.Len(t, fast.Stages, 300)
+	require.Len(t, fast.Artifacts, 300)
 	want, err = encodeWhole(s.snapshot(time.Unix(0, 0)))
 	require.NoError(t, err)
 	i := bytes.LastIndex(out, []byte(`"sum": "`))
@@ -368,4 +372,35 @@ func TestManifestEncodeEveryField(t *testing.T) {
 	got, err := m.encode()
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got))
+}
+
+// FuzzDecodeManifestFast: on any bytes, the manifest's fast path either
+// gives up or decodes what encoding/json decodes (compared through their
+// encodings); and on manifests this package writes, from the fuzzer's
+// strings, it does not give up unless a string needs an escape.
+func FuzzDecodeManifestFast(f *testing.F) {
+	for _, stages := range []int{0, 1, 5} {
+		m := manifestOf("stage", "why", "boom", "artifacts/a b.txt", "file:in", "sha256:00", "ticket:1", []byte(`{"to":"a@b"}`), stages, 1700000000)
+		data, err := m.encode()
+		require.NoError(f, err)
+		f.Add(data)
+		f.Add(bytes.Replace(data, []byte(`"attempts": 1`), []byte(`"attempts": 1.0`), 1))
+		f.Add(bytes.Replace(data, []byte(`"stages": [`), []byte(`"stages": [null,`), 1))
+		f.Add(append(bytes.Clone(data[:len(data)-2]), `,"stages":[]}`...))
+		f.Add(append(bytes.Clone(data[:len(data)-2]), `,"Artifacts":[]}`...))
+		f.Add(append(bytes.Clone(data[:len(data)-2]), `,"st\u0061ges":[]}`...))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, ok := decodeManifestFast(data)
+		var slow manifest
+		serr := json.Unmarshal(data, &slow)
+		if !ok {
+			return
+		}
+		require.NoError(t, serr, "the fast path read what encoding/json refuses")
+		a, aerr := encodeWhole(&fast)
+		b, berr := encodeWhole(&slow)
+		require.Equal(t, berr == nil, aerr == nil)
+		require.Equal(t, string(b), string(a), "the fast path read something else")
+	})
 }
