@@ -265,7 +265,7 @@ func FuzzManifestEncode(f *testing.F) {
 		}
 		m := manifestOf(name, reason, errText, path, inKey, inVal, key, request, min(max(stages, 0), 12), at)
 		want, werr := encodeWhole(m)
-		got, gerr := m.encode()
+		got, gerr := m.encode(0)
 		if werr != nil || gerr != nil {
 			require.Equal(t, werr != nil, gerr != nil, "whole: %v, by hand: %v", werr, gerr)
 			return
@@ -282,9 +282,11 @@ func TestManifestEncode(t *testing.T) {
 		m := manifestOf("stage", "r", "e", "artifacts/x", "file:a", "sha256:b", "k", []byte(`{"a":1}`), stages, 1700000000)
 		want, err := encodeWhole(m)
 		require.NoError(t, err)
-		got, err := m.encode()
-		require.NoError(t, err)
-		require.Equal(t, string(want), string(got), "%d stages", stages)
+		for _, hint := range []int{0, len(want) / 2, len(want), 10 * len(want)} {
+			got, err := m.encode(hint)
+			require.NoError(t, err)
+			require.Equal(t, string(want), string(got), "%d stages, hint %d", stages, hint)
+		}
 	}
 	empty := newState()
 	empty.pos = chain{seq: 1, hash: strings.Repeat("0", 64), offset: 10}
@@ -292,7 +294,7 @@ func TestManifestEncode(t *testing.T) {
 	m := empty.snapshot(time.Unix(0, 0))
 	want, err := encodeWhole(m)
 	require.NoError(t, err)
-	got, err := m.encode()
+	got, err := m.encode(0)
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got), "no stages, no artifacts")
 
@@ -369,7 +371,7 @@ func TestManifestEncodeEveryField(t *testing.T) {
 	m := &manifest{Format: FormatVersion, Stages: []*StageStatus{&st}, Artifacts: []Artifact{a}}
 	want, err := encodeWhole(m)
 	require.NoError(t, err)
-	got, err := m.encode()
+	got, err := m.encode(0)
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got))
 }
@@ -381,7 +383,7 @@ func TestManifestEncodeEveryField(t *testing.T) {
 func FuzzDecodeManifestFast(f *testing.F) {
 	for _, stages := range []int{0, 1, 5} {
 		m := manifestOf("stage", "why", "boom", "artifacts/a b.txt", "file:in", "sha256:00", "ticket:1", []byte(`{"to":"a@b"}`), stages, 1700000000)
-		data, err := m.encode()
+		data, err := m.encode(0)
 		require.NoError(f, err)
 		f.Add(data)
 		f.Add(bytes.Replace(data, []byte(`"attempts": 1`), []byte(`"attempts": 1.0`), 1))

@@ -228,7 +228,7 @@ func Verify(dir string) (*Report, error) {
 	}
 	defer root.Close()
 	r := &Run{root: root}
-	for _, a := range st.artifacts() {
+	for _, a := range st.artifacts(st.stageNames()) {
 		if why := r.checkOutputs([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
 			rep.Problems = append(rep.Problems, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
 				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),

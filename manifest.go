@@ -66,8 +66,9 @@ type manifest struct {
 // with the run, are written by appendStage and appendArtifact and spliced
 // in: through encoding/json (reflection, then a second pass to indent),
 // the manifest of 100,000 stages with an input and an output each (72 MB)
-// took 0.6-1.3 s, holding the ledger lock.
-func (m *manifest) encode() ([]byte, error) {
+// took 0.6-1.3 s, holding the ledger lock. hint is how long the last
+// encoding was (0 if unknown): the buffer is made that large at once.
+func (m *manifest) encode(hint int) ([]byte, error) {
 	head := *m
 	head.Stages, head.Artifacts = []*StageStatus{}, []Artifact{}
 	var hb bytes.Buffer
@@ -85,7 +86,7 @@ func (m *manifest) encode() ([]byte, error) {
 		return nil, errors.New("runstate: manifest encoding has its stages and artifacts elsewhere")
 	}
 	// About what the lists take, and room for the sum (encodeManifest).
-	out := make([]byte, 0, len(skel)+512*len(m.Stages)+256*len(m.Artifacts)+128)
+	out := make([]byte, 0, max(hint, len(skel)+512*len(m.Stages)+256*len(m.Artifacts))+128)
 	out = append(out, skel[:i]...)
 	out = append(out, "\n  \"stages\": ["...)
 	var err error
@@ -335,10 +336,11 @@ func appendJSONString(b []byte, s string) []byte {
 }
 
 // sum returns the checksum of m: the hash of its encoding with Sum empty.
-func (m *manifest) sum() (string, error) {
+// hint is about how long that encoding is.
+func (m *manifest) sum(hint int) (string, error) {
 	saved := m.Sum
 	m.Sum = ""
-	data, err := m.encode()
+	data, err := m.encode(hint)
 	m.Sum = saved
 	if err != nil {
 		return "", err
@@ -346,10 +348,11 @@ func (m *manifest) sum() (string, error) {
 	return lineHash(data), nil
 }
 
-// artifacts lists the outputs of done stages in stage order.
-func (s *state) artifacts() []Artifact {
+// artifacts lists the outputs of done stages in the order of names
+// (stageNames).
+func (s *state) artifacts(names []string) []Artifact {
 	out := []Artifact{}
-	for _, name := range s.stageNames() {
+	for _, name := range names {
 		st := s.stages[name]
 		if st.State != StateComplete && !(st.State == StateAwaiting && st.Review) {
 			continue
@@ -368,7 +371,7 @@ func (s *state) encodeManifest(now time.Time) ([]byte, error) {
 	// is the last field, so the encoding ends with `"sum": ""` and the
 	// closing brace. (Encoding twice doubled a rewrite's cost, and a
 	// rewrite is O(stages).)
-	data, err := m.encode()
+	data, err := m.encode(s.manifestLen)
 	if err != nil {
 		return nil, err
 	}
@@ -379,11 +382,14 @@ func (s *state) encodeManifest(now time.Time) ([]byte, error) {
 	sum := lineHash(data)
 	out := append(data[:len(data)-len(tail)], "\"sum\": \""...) // in place, where encode left room
 	out = append(out, sum...)
-	return append(out, "\"\n}\n"...), nil
+	out = append(out, "\"\n}\n"...)
+	s.manifestLen = len(out)
+	return out, nil
 }
 
 // snapshot is the state as manifest.json holds it, with Sum empty.
 func (s *state) snapshot(now time.Time) *manifest {
+	names := s.stageNames()
 	m := &manifest{
 		Format:      FormatVersion,
 		ID:          s.identity.ID,
@@ -394,7 +400,7 @@ func (s *state) snapshot(now time.Time) *manifest {
 		Seq:         s.pos.seq,
 		Updated:     now.UTC(),
 		Plan:        s.plan,
-		Artifacts:   s.artifacts(),
+		Artifacts:   s.artifacts(names),
 		Metrics:     s.metrics,
 		Ledger:      snapshotPos{Offset: s.pos.offset - s.lastLen, End: s.pos.offset, Hash: s.pos.hash},
 		Identity:    s.identity,
@@ -407,7 +413,8 @@ func (s *state) snapshot(now time.Time) *manifest {
 	if m.Plan == nil {
 		m.Plan = []string{}
 	}
-	for _, name := range s.stageNames() {
+	m.Stages = make([]*StageStatus, 0, len(names))
+	for _, name := range names {
 		m.Stages = append(m.Stages, s.stages[name])
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
@@ -426,7 +433,7 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 	if ok {
 		// Used only if it encodes back to the manifest's checksum: then
 		// it is what the writer wrote, whatever the fast path's limits.
-		sum, err := m.sum()
+		sum, err := m.sum(len(data))
 		ok = err == nil && sum == m.Sum
 	}
 	if !ok {
@@ -434,7 +441,7 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 		if err := json.Unmarshal(data, &m); err != nil {
 			return nil, snapshotPos{}, err
 		}
-		if sum, err := m.sum(); err != nil || sum != m.Sum {
+		if sum, err := m.sum(len(data)); err != nil || sum != m.Sum {
 			return nil, snapshotPos{}, fmt.Errorf("checksum does not match its content (edited by hand, or damaged?)")
 		}
 	}
@@ -477,6 +484,7 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 	}
 	s.metrics = m.Metrics
 	s.last, s.lastDone = m.Last, m.LastDone
+	s.manifestLen = len(data)
 	s.derive()
 	return s, m.Ledger, nil
 }

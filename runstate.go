@@ -329,7 +329,9 @@ func (r *Run) open() error {
 		}
 	}
 	_ = fromSnapshot
-	r.writeManifest()
+	if r.manifestAt().IsZero() { // apply writes it: this is for when it could not
+		r.writeManifest()
+	}
 	return nil
 }
 

@@ -160,6 +160,8 @@ type state struct {
 	blocking int       // stages and effects that blockers lists
 	stageAt  time.Time // the latest At of any stage
 	planned  planIndex // which planned stages are not done
+
+	manifestLen int // length of the last manifest.json encoded or read: the next one's size hint
 }
 
 func newState() *state {

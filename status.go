@@ -66,7 +66,7 @@ func (s *state) status(dir string) *Status {
 		Created:     s.created,
 		Seq:         s.pos.seq,
 		Plan:        slices.Clone(s.plan),
-		Artifacts:   s.artifacts(),
+		Artifacts:   s.artifacts(s.stageNames()),
 		Metrics:     s.metrics,
 		Stages:      []StageStatus{},
 		Effects:     []EffectStatus{},
