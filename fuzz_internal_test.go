@@ -298,6 +298,14 @@ func TestManifestEncode(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got), "no stages, no artifacts")
 
+	// A stage time encoding/json refuses (a year past 9999), alone in the
+	// manifest: the error comes from the hand-written part.
+	far := &manifest{Format: FormatVersion, Stages: []*StageStatus{{Name: "s", State: StatePending, At: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}}}
+	_, err = encodeWhole(far)
+	require.Error(t, err)
+	_, err = far.encode(0)
+	require.Error(t, err, "a stage time encoding/json cannot write")
+
 	s := newState()
 	var names []string
 	for i := range 300 {

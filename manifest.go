@@ -123,11 +123,13 @@ func endList(b []byte, n int) []byte {
 }
 
 // jsonObject writes one JSON object's fields as encoding/json indents
-// them, each line starting with indent.
+// them, each line starting with indent. err is the first field that
+// could not be written.
 type jsonObject struct {
 	b      []byte
 	indent string
 	n      int
+	err    error
 }
 
 // key starts the field named k, a Go field's JSON name (nothing to escape).
@@ -166,16 +168,18 @@ func (o *jsonObject) int(k string, v int64) {
 	o.b = strconv.AppendInt(o.b, v, 10)
 }
 
-// time writes t as its MarshalJSON does: RFC 3339 with the nanoseconds,
-// and an error for a year outside 0-9999.
-func (o *jsonObject) time(k string, t time.Time) error {
+// time writes t, unless it is zero (omitzero), as its MarshalJSON does:
+// RFC 3339 with the nanoseconds, and an error for a year outside 0-9999.
+func (o *jsonObject) time(k string, t time.Time) {
+	if t.IsZero() {
+		return
+	}
 	o.key(k)
 	b, err := t.AppendText(append(o.b, '"'))
-	if err != nil {
-		return fmt.Errorf("runstate: manifest: %s: %w", k, err)
+	if err != nil && o.err == nil {
+		o.err = fmt.Errorf("runstate: manifest: %s: %w", k, err)
 	}
 	o.b = append(b, '"')
-	return nil
 }
 
 // end closes the object; its closing brace is on a line of its own,
@@ -207,14 +211,8 @@ func appendStage(b []byte, st *StageStatus) ([]byte, error) {
 	if len(st.Inputs) > 0 {
 		o.key("inputs")
 		m := jsonObject{b: o.b, indent: in2}
-		if len(st.Inputs) == 1 { // the usual case: spare the sort
-			for k, v := range st.Inputs {
-				m.entry(k, v)
-			}
-		} else {
-			for _, k := range slices.Sorted(maps.Keys(st.Inputs)) {
-				m.entry(k, st.Inputs[k])
-			}
+		for _, k := range slices.Sorted(maps.Keys(st.Inputs)) {
+			m.entry(k, st.Inputs[k])
 		}
 		o.b = m.end(o.indent)
 	}
@@ -244,7 +242,6 @@ func appendStage(b []byte, st *StageStatus) ([]byte, error) {
 	if st.Class != "" {
 		o.str("class", st.Class)
 	}
-
 	if st.Review {
 		o.key("review")
 		o.b = append(o.b, "true"...)
@@ -252,21 +249,12 @@ func appendStage(b []byte, st *StageStatus) ([]byte, error) {
 	if st.DoneSeq != 0 {
 		o.int("done_seq", st.DoneSeq)
 	}
-	if !st.DoneAt.IsZero() {
-		if err := o.time("done_at", st.DoneAt); err != nil {
-			return nil, err
-		}
-	}
+	o.time("done_at", st.DoneAt)
 	o.int("seq", st.Seq)
-	for _, t := range []struct {
-		k string
-		t time.Time
-	}{{"at", st.At}, {"began_at", st.BeganAt}} {
-		if !t.t.IsZero() {
-			if err := o.time(t.k, t.t); err != nil {
-				return nil, err
-			}
-		}
+	o.time("at", st.At)
+	o.time("began_at", st.BeganAt)
+	if o.err != nil {
+		return nil, o.err
 	}
 	return o.end("\n    "), nil
 }
@@ -406,14 +394,13 @@ func (s *state) snapshot(now time.Time) *manifest {
 		Identity:    s.identity,
 		Last:        s.last,
 		LastDone:    s.lastDone,
-		Stages:      []*StageStatus{},
+		Stages:      make([]*StageStatus, 0, len(names)),
 		Effects:     []*EffectStatus{},
 		Sessions:    []*SessionStatus{},
 	}
 	if m.Plan == nil {
 		m.Plan = []string{}
 	}
-	m.Stages = make([]*StageStatus, 0, len(names))
 	for _, name := range names {
 		m.Stages = append(m.Stages, s.stages[name])
 	}

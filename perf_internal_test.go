@@ -41,6 +41,7 @@ type countFS struct {
 	ledgerRead   atomic.Int64 // bytes read from logs/ledger.jsonl
 	ledgerStats  atomic.Int64 // Stat of logs/ledger.jsonl (fileSize seeks instead)
 	handoffs     atomic.Int64 // renames over logs/next-steps.txt
+	manifests    atomic.Int64 // renames over manifest.json
 	syncDelay    time.Duration
 	// ledgerDelay, walDelay: more delay for one of the two files only.
 	ledgerDelay, walDelay time.Duration
@@ -60,8 +61,11 @@ func newCountFS() *countFS { return &countFS{fileSystem: osFS{}} }
 func (c *countFS) Link(oldname, newname string) error { return os.Link(oldname, newname) }
 
 func (c *countFS) Rename(oldpath, newpath string) error {
-	if filepath.Base(newpath) == filepath.Base(nextStepsFile) {
+	switch filepath.Base(newpath) {
+	case filepath.Base(nextStepsFile):
 		c.handoffs.Add(1)
+	case manifestFile:
+		c.manifests.Add(1)
 	}
 	return c.fileSystem.Rename(oldpath, newpath)
 }
@@ -360,6 +364,7 @@ func TestOneFsyncPerCheckpoint(t *testing.T) {
 	r := openCounted(t, dir, c, Options{ManifestInterval: -1, durable: durableRingOnly})
 	assert.Equal(t, int64(1), c.commitSyncs.Load(), "Open of a new run: the create record")
 	assert.Equal(t, int64(1), c.otherSyncs.Load(), "Open of a new run: the new journal")
+	assert.Equal(t, int64(1), c.manifests.Load(), "Open writes manifest.json once")
 	dirs := c.dirSyncs.Load() // Open of a new run makes the names of its files durable
 	stats := c.ledgerStats.Load()
 	require.NoError(t, r.Plan(ctx, "a", "b"))
@@ -389,6 +394,7 @@ func TestOneFsyncPerCheckpoint(t *testing.T) {
 	c2 := newCountFS()
 	r = openCounted(t, dir, c2, Options{})
 	assert.Zero(t, c2.commitSyncs.Load()+c2.dirSyncs.Load()+c2.otherSyncs.Load(), "Open of an existing run syncs nothing")
+	assert.Equal(t, int64(1), c2.manifests.Load(), "Open of an existing run writes manifest.json once")
 	require.NoError(t, smallDo(ctx, r, "after-resume"))
 	assert.Equal(t, int64(1), c2.commitSyncs.Load())
 	require.NoError(t, r.Close())

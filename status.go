@@ -56,6 +56,7 @@ func (s *Status) Stage(name string) (StageStatus, bool) {
 
 // status builds a Status from the state.
 func (s *state) status(dir string) *Status {
+	names := s.stageNames()
 	out := &Status{
 		Dir:         dir,
 		ID:          s.identity.ID,
@@ -66,7 +67,7 @@ func (s *state) status(dir string) *Status {
 		Created:     s.created,
 		Seq:         s.pos.seq,
 		Plan:        slices.Clone(s.plan),
-		Artifacts:   s.artifacts(s.stageNames()),
+		Artifacts:   s.artifacts(names),
 		Metrics:     s.metrics,
 		Stages:      []StageStatus{},
 		Effects:     []EffectStatus{},
@@ -76,7 +77,7 @@ func (s *state) status(dir string) *Status {
 	if out.Plan == nil {
 		out.Plan = []string{}
 	}
-	for _, name := range s.stageNames() {
+	for _, name := range names {
 		out.Stages = append(out.Stages, *s.stages[name])
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
