@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -123,6 +124,8 @@ type Run struct {
 	syncing     bool
 	sideWriting bool
 	sideWriters sync.WaitGroup
+	// woke: the last batch woke a goroutine other than its leader.
+	woke bool
 	// flushTimer republishes a handoff that lags by begins (handoffLag);
 	// flushing counts its runs; closing: no new timer.
 	flushTimer *time.Timer
@@ -573,11 +576,25 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	}
 	r.leading = true
 	for len(r.queue) > 0 {
+		// When the last batch woke other goroutines, yield once before
+		// taking this one: they are runnable, about to commit again
+		// (most often the begin of their next stage), and so join this
+		// batch. Otherwise each of those begins arrives while the batch
+		// waits for its fsync and is written on its own (sideWrite): a
+		// write and a lock round apiece. With 8 goroutines on 2 CPUs
+		// that is 15% more checkpoints per second; a goroutine
+		// committing alone never yields (PERF.md).
+		if r.woke {
+			r.mu.Unlock()
+			runtime.Gosched()
+			r.mu.Lock()
+		}
 		batch := r.queue
 		r.queue = nil
 		r.mu.Unlock()
 		r.runBatch(batch)
 		r.mu.Lock()
+		r.woke = len(batch) > 1 || batch[0] != t
 	}
 	r.leading = false
 	r.mu.Unlock()
