@@ -3,11 +3,11 @@ package runstate
 import (
 	"errors"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
+
+	"github.com/runstate/runstate/internal/unnamed"
 )
 
 // outputDirs holds, on Linux, the two directories that Stage.WriteFile
@@ -29,33 +29,10 @@ import (
 type outputDirs struct {
 	root *os.File // the run directory
 	tmp  *os.File // logs/tmp
-	// link is how a new output is linked in: linkUntried until the
-	// first new output, then linkEmptyPath or linkProc, or linkNone
-	// where the file system has no O_TMPFILE or the kernel lets neither
-	// way link it.
+	// link is how a new output is linked in (unnamed.EmptyPath, Proc or
+	// None, learnt at the first new output; 0 before).
 	link atomic.Int32
 }
-
-// How an unnamed output file (O_TMPFILE) is given its name: linkat with
-// AT_EMPTY_PATH on the descriptor (Linux 6.10 and later allow it without
-// CAP_DAC_READ_SEARCH), or linkat of /proc/self/fd/N, which any process
-// may do; or not at all.
-const (
-	linkUntried = iota
-	linkEmptyPath
-	linkProc
-	linkNone
-)
-
-// oTmpfile is O_TMPFILE: __O_TMPFILE, the same on every Linux port Go
-// has, with O_DIRECTORY, which differs between them.
-const oTmpfile = 0o20000000 | syscall.O_DIRECTORY
-
-// atEmptyPath and atSymlinkFollow are linkat's flags.
-const (
-	atEmptyPath     = 0x1000
-	atSymlinkFollow = 0x400
-)
 
 // open opens the directories through root, so that they are the ones
 // os.Root would use. On failure the fast path is simply not used.
@@ -149,66 +126,24 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 }
 
 // writeNew writes data to base, a name that does not exist yet in the
-// directory dirFd, through an unnamed file linked in once written: a
-// reader sees the whole output or none, and a process killed meanwhile
-// leaves nothing behind (the kernel frees the unnamed file). It returns
-// errFallBack when base exists or the way is closed here, with nothing
-// left behind.
+// directory dirFd, as an unnamed file linked in once written (package
+// internal/unnamed): a reader sees the whole output or none, and a
+// process killed meanwhile leaves nothing behind. It returns errFallBack
+// when base exists or the way is closed here, with nothing left behind.
 func (d *outputDirs) writeNew(dirFd int, base string, data []byte) error {
-	how := max(d.link.Load(), linkEmptyPath)
-	if how == linkNone {
+	known := int(d.link.Load())
+	how := max(known, unnamed.EmptyPath)
+	if how == unnamed.None {
 		return errFallBack
 	}
-	fd, err := openat(dirFd, ".", oTmpfile|syscall.O_WRONLY|syscall.O_CLOEXEC, 0o644)
+	way, err := unnamed.Write(dirFd, base, data, how)
+	if way != known {
+		d.link.Store(int32(way))
+	}
 	if err != nil {
-		switch err {
-		case syscall.EOPNOTSUPP, syscall.EISDIR, syscall.EINVAL:
-			d.link.Store(linkNone) // no O_TMPFILE in this kernel or file system
-		}
-		return errFallBack
-	}
-	defer syscall.Close(fd)
-	if writeAll(fd, data) != nil {
-		return errFallBack
-	}
-	for ; how != linkNone; how++ {
-		switch err = linkFd(fd, dirFd, base, how); err {
-		case nil:
-			d.link.Store(how)
-			return nil
-		case syscall.ENOENT, syscall.EPERM, syscall.EACCES, syscall.EXDEV, syscall.EINVAL:
-			// This way of linking is refused here (ENOENT: AT_EMPTY_PATH
-			// without the capability, or no /proc); try the next.
-			continue
-		}
 		return errFallBack // EEXIST (a stage run again), a full disk, ...
 	}
-	d.link.Store(linkNone)
-	return errFallBack
-}
-
-// linkFd gives the unnamed file fd the name base in dirFd, the way how
-// says; it fails with EEXIST when base exists.
-func linkFd(fd, dirFd int, base string, how int32) error {
-	from, flags := "", atEmptyPath
-	if how == linkProc {
-		from, flags = "/proc/self/fd/"+strconv.Itoa(fd), atSymlinkFollow
-	}
-	fromp, err := syscall.BytePtrFromString(from)
-	if err != nil {
-		return err
-	}
-	basep, err := syscall.BytePtrFromString(base)
-	if err != nil {
-		return err
-	}
-	return ignoringEINTR(func() error {
-		_, _, e := syscall.Syscall6(syscall.SYS_LINKAT, uintptr(fd), uintptr(unsafe.Pointer(fromp)), uintptr(dirFd), uintptr(unsafe.Pointer(basep)), uintptr(flags), 0)
-		if e != 0 {
-			return e
-		}
-		return nil
-	})
+	return nil
 }
 
 func openDir(dirFd int, name string) (int, error) {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/runstate/runstate/internal/unnamed"
 )
 
 // A new output is written as an unnamed file (O_TMPFILE) and linked in
@@ -36,11 +38,11 @@ func TestOutputUnnamedFile(t *testing.T) {
 		assert.Empty(t, ents, "%s: nothing left in logs/tmp", rel)
 	}
 
-	require.Equal(t, int32(linkUntried), r.out.link.Load())
+	require.Zero(t, r.out.link.Load(), "no way learnt before the first output")
 	require.True(t, r.out.write("first.txt", "t1", []byte("first")))
 	check("first.txt", []byte("first"))
 	way := r.out.link.Load()
-	assert.Contains(t, []int32{linkEmptyPath, linkProc}, way, "a new output is linked in, here")
+	assert.Contains(t, []int32{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
 
 	// An output that exists is replaced (a link cannot), the way kept.
 	require.True(t, r.out.write("first.txt", "t2", []byte("second, longer")))
@@ -50,8 +52,8 @@ func TestOutputUnnamedFile(t *testing.T) {
 	for _, c := range []struct {
 		how  int32
 		name string
-	}{{linkEmptyPath, "empty-path.txt"}, {linkProc, "proc.txt"}, {linkNone, "temp.txt"}} {
-		if c.how == linkEmptyPath && way == linkProc {
+	}{{unnamed.EmptyPath, "empty-path.txt"}, {unnamed.Proc, "proc.txt"}, {unnamed.None, "temp.txt"}} {
+		if c.how == unnamed.EmptyPath && way == unnamed.Proc {
 			continue // refused here: the first write found so
 		}
 		r.out.link.Store(c.how)

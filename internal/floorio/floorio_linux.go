@@ -7,18 +7,31 @@ package floorio
 
 import (
 	"os"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/runstate/runstate/internal/unnamed"
 )
 
 // Fdatasync flushes f's data (and the metadata needed to read it back,
 // such as its size) to stable storage.
 func Fdatasync(f *os.File) error { return syscall.Fdatasync(int(f.Fd())) }
 
-// WriteOutput writes data to outName in the directory out through a temp
-// file tmpName in the directory tmp: created relative to tmp, written,
-// closed and renamed into out (openat, write, close, renameat), as
-// runstate's WriteFile does on Linux. Nothing is synced.
+// WriteOutput writes data to outName in the directory out as runstate's
+// WriteFile writes a new output on Linux: an unnamed file made in out,
+// written, and linked in (package internal/unnamed). Where this kernel
+// or file system cannot, it goes through a temp file tmpName in the
+// directory tmp: created relative to tmp, written, closed and renamed into
+// out (openat, write, close, renameat), as WriteFile then does. Nothing is
+// synced. Safe for concurrent use.
 func WriteOutput(tmp, out *os.File, tmpName, outName string, data []byte) error {
+	if how := max(int(way.Load()), unnamed.EmptyPath); how != unnamed.None {
+		w, err := unnamed.Write(int(out.Fd()), outName, data, how)
+		way.Store(int32(w))
+		if err == nil || w != unnamed.None {
+			return err
+		}
+	}
 	fd, err := syscall.Openat(int(tmp.Fd()), tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return err
@@ -32,3 +45,6 @@ func WriteOutput(tmp, out *os.File, tmpName, outName string, data []byte) error 
 	}
 	return syscall.Renameat(int(tmp.Fd()), tmpName, int(out.Fd()), outName)
 }
+
+// way is how WriteOutput links an unnamed file here (0 until it knows).
+var way atomic.Int32

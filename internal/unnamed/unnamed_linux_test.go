@@ -1,0 +1,73 @@
+package unnamed
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestWrite(t *testing.T) {
+	dir := t.TempDir()
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	defer d.Close()
+	dirFd := int(d.Fd())
+	names := func() []string {
+		ents, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+
+	way, err := Write(dirFd, "a.txt", []byte("alpha"), EmptyPath)
+	require.NoError(t, err)
+	assert.Contains(t, []int{EmptyPath, Proc}, way, "linked in one of the two ways here")
+	got, err := os.ReadFile(filepath.Join(dir, "a.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "alpha", string(got))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "probe"), nil, 0o644))
+	a, err := os.Stat(filepath.Join(dir, "a.txt"))
+	require.NoError(t, err)
+	probe, err := os.Stat(filepath.Join(dir, "probe"))
+	require.NoError(t, err)
+	assert.Equal(t, probe.Mode(), a.Mode(), "the mode a new file gets")
+
+	// A name that exists: EEXIST, the way kept, the file untouched,
+	// nothing else left in the directory.
+	w, err := Write(dirFd, "a.txt", []byte("other"), way)
+	assert.ErrorIs(t, err, syscall.EEXIST)
+	assert.Equal(t, way, w)
+	got, err = os.ReadFile(filepath.Join(dir, "a.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "alpha", string(got))
+	assert.ElementsMatch(t, []string{"a.txt", "probe"}, names())
+
+	// Through /proc.
+	w, err = Write(dirFd, "b.txt", []byte("beta"), Proc)
+	require.NoError(t, err)
+	assert.Equal(t, Proc, w)
+	got, err = os.ReadFile(filepath.Join(dir, "b.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "beta", string(got))
+
+	// An empty file, and a directory that is not one.
+	_, err = Write(dirFd, "empty", nil, way)
+	require.NoError(t, err)
+	fi, err := os.Stat(filepath.Join(dir, "empty"))
+	require.NoError(t, err)
+	assert.Zero(t, fi.Size())
+	f, err := os.Open(filepath.Join(dir, "probe"))
+	require.NoError(t, err)
+	defer f.Close()
+	w, err = Write(int(f.Fd()), "c.txt", []byte("gamma"), way)
+	assert.ErrorIs(t, err, syscall.ENOTDIR)
+	assert.Equal(t, way, w, "a failure of this file's keeps the way")
+	assert.ElementsMatch(t, []string{"a.txt", "b.txt", "empty", "probe"}, names())
+}
