@@ -125,12 +125,14 @@ func checkpointRecord(id int, data []byte) []byte {
 }
 
 // fileWork is the output-file half of a checkpoint for the contenders that
-// are not runstate: like runstate's Stage.WriteFile, a temp file created with
-// O_EXCL in dir/tmp, written, closed (no fsync) and renamed to
-// dir/outputPath(id). It keeps both directories open and, on Linux, does
-// it with the fewest system calls (openat, write, close, renameat), as
-// runstate's WriteFile does there, so that the contenders' file work costs
-// no more than runstate's.
+// are not runstate, written as runstate's Stage.WriteFile writes a new
+// output (floorio.WriteOutput): on Linux an unnamed file made in the
+// output's directory, written and linked in under its name (openat with
+// O_TMPFILE, write, linkat, close); elsewhere, or where the file system
+// cannot, a temp file created with O_EXCL in dir/tmp, written, closed and
+// renamed to dir/outputPath(id). Nothing is synced. It keeps both
+// directories open, so that the contenders' file work costs no more than
+// runstate's.
 type fileWork struct {
 	enabled  bool
 	tmp, out *os.File // dir/tmp and the directory of outputPath
