@@ -457,28 +457,144 @@ func TestGroupCommit(t *testing.T) {
 // every begin after the first batch is a write of its own: 200 writes
 // for 320 commits, every time.
 func TestBeginsJoinTheBatch(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	ctx := context.Background()
+	r, c := slowDiskOneP(t)
+	writes0 := c.ledgerWrites.Load()
+	n := inGoroutines(t, 8, 20, func(name string) error { return smallDo(ctx, r, name) })
+	writes, commits := c.ledgerWrites.Load()-writes0, 2*n
+	t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes", commits, writes)
+	assert.LessOrEqual(t, writes, commits/2, "begins join the batches of completes (69-102 here; without the yield 200)")
+}
+
+// slowDiskOneP opens a run on a simulated slow disk (1 ms per fsync),
+// counted, with GOMAXPROCS 1 until the test ends: on one P the order of
+// concurrent commits is fixed, since the goroutines a batch wakes run
+// until they wait and the disk is the only other thing that waits.
+func slowDiskOneP(t *testing.T) (*Run, *countFS) {
+	procs := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
 	c := newCountFS()
 	c.syncDelay = time.Millisecond
 	r := openCounted(t, t.TempDir(), c, Options{})
-	defer r.Close()
-	writes0 := c.ledgerWrites.Load()
-	const goroutines, each = 8, 20
+	t.Cleanup(func() { r.Close() })
+	return r, c
+}
+
+// inGoroutines calls do with names g<g>/s<i> from goroutines goroutines,
+// each times each, in order, and waits for them; it returns how many
+// calls it made.
+func inGoroutines(t *testing.T, goroutines, each int, do func(name string) error) int64 {
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				assert.NoError(t, smallDo(ctx, r, fmt.Sprintf("g%d/s%d", g, i)))
+				assert.NoError(t, do(fmt.Sprintf("g%d/s%d", g, i)))
 			}
 		}()
 	}
 	wg.Wait()
-	writes, commits := c.ledgerWrites.Load()-writes0, int64(2*goroutines*each)
-	t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes", commits, writes)
-	assert.LessOrEqual(t, writes, commits/2, "begins join the batches of completes (69-102 here; without the yield 200)")
+	return int64(goroutines * each)
+}
+
+// TestGatherOneFsyncForAll: 8 goroutines checkpointing short stages on a
+// slow disk (1 ms fsync). The goroutines one batch wakes come back with
+// their next stage's begin and, a little later, its complete; the leader
+// writes those begins alone and waits (up to about one fsync) for the
+// completes, so that one fsync covers every goroutine instead of half of
+// them each (gatherBatch). Stages longer than an fsync make the waits run
+// out, and gathering backs off: few waits are spent on them.
+func TestGatherOneFsyncForAll(t *testing.T) {
+	// Stages that write no file: an output file can take longer to
+	// create than an fsync, on this machine right after many files were
+	// deleted, and its goroutine then comes back late.
+	ctx := context.Background()
+	r, c := slowDiskOneP(t)
+
+	// Alone, a goroutine never waits for another.
+	for i := range 5 {
+		require.NoError(t, smallDo(ctx, r, fmt.Sprintf("alone/s%d", i)))
+	}
+	assert.Zero(t, r.gathered.Load()+r.gatherLate.Load(), "a goroutine alone: no gathering")
+
+	run := func(prefix string, stage time.Duration) (checkpoints, syncs int64) {
+		syncs0 := c.commitSyncs.Load()
+		n := inGoroutines(t, 8, 25, func(name string) error {
+			return r.Do(ctx, prefix+"/"+name, func(context.Context, *Stage) error {
+				time.Sleep(stage)
+				return nil
+			})
+		})
+		return n, c.commitSyncs.Load() - syncs0
+	}
+	n, syncs := run("short", 0)
+	t.Logf("short stages: %d checkpoints, %d fsyncs; %d waits ended with every goroutine back, %d ran out",
+		n, syncs, r.gathered.Load(), r.gatherLate.Load())
+	assert.Positive(t, r.gathered.Load())
+	assert.LessOrEqual(t, syncs, n/4, "an fsync covers most of the 8 goroutines (36-45 fsyncs for 200 here; 75-77 without gathering)")
+
+	late0 := r.gatherLate.Load()
+	n, syncs = run("long", 5*time.Millisecond)
+	late := r.gatherLate.Load() - late0
+	t.Logf("5 ms stages: %d checkpoints, %d fsyncs, %d waits ran out", n, syncs, late)
+	// A wait that runs out can split the goroutines into two groups that
+	// then take turns (about 60 fsyncs for 200 here, against 30); stages
+	// longer than an fsync are not waited for (TestGatherWhen; without
+	// that, 1-5 waits ran out here in 4 runs of 10).
+	assert.LessOrEqual(t, late, int64(1), "stages longer than an fsync: no waiting for them")
+}
+
+// TestGatherWhen drives gatherBatch itself: it waits for nothing while
+// stages take longer than an fsync; otherwise it writes the begins alone
+// and waits up to about one fsync for the records it expects.
+func TestGatherWhen(t *testing.T) {
+	r, err := Open(t.TempDir(), &Options{Request: "gather"})
+	require.NoError(t, err)
+	defer r.Close()
+	noop := func(*state) ([]*Record, error) { return nil, nil }
+	begin := &tx{fn: noop, lazy: true, done: make(chan struct{})}
+	complete := &tx{fn: noop, sync: true, done: make(chan struct{})}
+	closed := func(t *tx) bool {
+		select {
+		case <-t.done:
+			return true
+		default:
+			return false
+		}
+	}
+
+	r.mu.Lock()
+	r.queue = []*tx{complete, begin}
+	r.syncTime, r.stageTime = time.Millisecond, 5*time.Millisecond
+	r.gatherBatch(nil)
+	assert.Equal(t, []*tx{complete, begin}, r.queue, "stages longer than an fsync: the queue as it was")
+	assert.False(t, closed(begin))
+
+	// The leader's own begin: its stage runs only once the leader stops
+	// leading, so no record is expected from it.
+	r.stageTime = 100 * time.Microsecond
+	own := &tx{fn: noop, lazy: true, done: make(chan struct{})}
+	r.queue = []*tx{complete, own}
+	r.gatherBatch(own)
+	assert.True(t, closed(own))
+	assert.Equal(t, []*tx{complete}, r.queue)
+	assert.Equal(t, int64(1), r.gathered.Load(), "every record expected is there at once")
+	assert.Zero(t, r.gatherLate.Load())
+
+	r.queue = []*tx{complete, begin}
+	start := time.Now()
+	r.gatherBatch(nil)
+	waited := time.Since(start)
+	assert.True(t, closed(begin), "the begin written alone, its goroutine let go")
+	assert.Equal(t, []*tx{complete}, r.queue, "the records to sync still queued")
+	assert.GreaterOrEqual(t, waited, time.Millisecond, "waited about one fsync for the begin's goroutine to come back")
+	assert.Equal(t, int64(1), r.gatherLate.Load(), "it did not come back")
+	assert.Equal(t, 8, r.gatherOff, "gathering off for the next 8 batches")
+	r.gatherBatch(nil)
+	assert.Equal(t, 7, r.gatherOff)
+	r.queue = nil
+	r.mu.Unlock()
 }
 
 // TestHandoffFiles checks how next-steps.txt is published without a new

@@ -125,7 +125,21 @@ type Run struct {
 	sideWriting bool
 	sideWriters sync.WaitGroup
 	// woke: the last batch woke a goroutine other than its leader.
-	woke bool
+	// gatherBatch's state: arrive, when set, is closed as a transaction
+	// to sync is queued; gatherOff counts the batches it still skips, and
+	// gatherMiss the waits in a row that ran out; syncTime is how long
+	// making a batch durable takes here, stageTime how long this
+	// process's stage attempts run, begin to end (moving averages); gathered
+	// counts the waits that ended with every record expected, gatherLate
+	// those that ran out (for tests).
+	woke       bool
+	arrive     chan struct{}
+	gatherOff  int
+	gatherMiss int
+	syncTime   time.Duration
+	stageTime  time.Duration
+	gathered   atomic.Int64
+	gatherLate atomic.Int64
 	// flushTimer republishes a handoff that lags by begins (handoffLag);
 	// flushing counts its runs; closing: no new timer.
 	flushTimer *time.Timer
@@ -519,6 +533,8 @@ type tx struct {
 	lazy bool
 	// flush: publish the handoff if it lags (the lag timer's transaction).
 	flush bool
+	// began: when the attempt this transaction ends began (commitEnd).
+	began time.Time
 }
 
 // handoffLag is how long, at most, logs/next-steps.txt may lag the ledger
@@ -550,6 +566,13 @@ func (r *Run) commit(sync bool, fn func(*state) ([]*Record, error)) ([]*Record, 
 	return r.commitTx(&tx{fn: fn, sync: sync})
 }
 
+// commitEnd commits, with an fsync, the record that ends st's attempt
+// (complete, fail, await), noting how long the attempt ran for the group
+// commit (gatherBatch).
+func (r *Run) commitEnd(st *Stage, fn func(*state) ([]*Record, error)) ([]*Record, error) {
+	return r.commitTx(&tx{fn: fn, sync: true, began: st.began})
+}
+
 func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	t.done = make(chan struct{})
 	r.mu.Lock()
@@ -563,6 +586,18 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 		return nil, fmt.Errorf("%w: %w", ErrReadOnly, err)
 	}
 	r.queue = append(r.queue, t)
+	if !t.began.IsZero() {
+		d := time.Since(t.began)
+		if r.stageTime == 0 {
+			r.stageTime = d
+		} else {
+			r.stageTime += (d - r.stageTime) / 8
+		}
+	}
+	if r.arrive != nil && t.sync {
+		close(r.arrive) // wake a gathering leader
+		r.arrive = nil
+	}
 	if r.leading && r.syncing && !t.sync && !r.sideWriting {
 		r.sideWrite()
 		r.mu.Unlock()
@@ -588,6 +623,7 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 			r.mu.Unlock()
 			runtime.Gosched()
 			r.mu.Lock()
+			r.gatherBatch(t)
 		}
 		batch := r.queue
 		r.queue = nil
@@ -601,6 +637,98 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	<-t.done
 	return t.recs, t.err
 }
+
+// gatherBatch runs before a batch when the last one woke other goroutines
+// and they have had their turn (the leader's yield). Most of them come
+// back at once with the begin of their next stage, and a little later
+// with its complete. Taken together with the completes already queued,
+// those begins would be released before the fsync and their completes
+// would miss it: the goroutines would fall into two groups taking turns,
+// each batch holding half of them and each Do spanning two fsyncs. So
+// when the queue holds both, gatherBatch writes the begins alone (no
+// fsync: their goroutines go on at once) and waits, at most about as long as an
+// fsync takes here, until as many more completes (or other records to
+// sync) are queued, so that one fsync covers both groups. Where stages
+// take longer than an fsync (on average: stageTime), it does not wait:
+// nothing to gain. A wait that runs out anyway turns gathering off for a
+// number of batches that doubles while waits keep running out
+// (gatherMaxMiss). The caller is the leader, whose own transaction is
+// own, and holds r.mu, which gatherBatch releases while it writes and
+// waits.
+func (r *Run) gatherBatch(own *tx) {
+	if r.gatherOff > 0 {
+		r.gatherOff--
+		return
+	}
+	if r.syncTime <= 0 || r.stageTime <= 0 || r.stageTime >= r.syncTime {
+		// No fsync measured yet, or none made (NoSync); or stages take
+		// longer than an fsync here, and their goroutines would not be
+		// back in time.
+		return
+	}
+	var begins, rest []*tx
+	for _, q := range r.queue {
+		if q.lazy {
+			begins = append(begins, q)
+		} else {
+			rest = append(rest, q)
+		}
+	}
+	if len(begins) == 0 || !slices.ContainsFunc(rest, func(q *tx) bool { return q.sync }) {
+		return
+	}
+	r.queue = rest
+	r.mu.Unlock()
+	r.runBatch(begins)
+	r.mu.Lock()
+	want := len(begins)
+	if slices.Contains(begins, own) {
+		want-- // the leader's own stage runs only once it stops leading
+	}
+	for _, q := range rest {
+		if q.sync {
+			want++
+		}
+	}
+	deadline := time.Now().Add(r.syncTime)
+	for {
+		n := 0
+		for _, q := range r.queue {
+			if q.sync {
+				n++
+			}
+		}
+		if n >= want || r.closed {
+			r.gathered.Add(1)
+			r.gatherMiss = 0
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			r.gatherMiss = min(r.gatherMiss+1, gatherMaxMiss)
+			r.gatherOff = 1 << (r.gatherMiss + 2)
+			r.gatherLate.Add(1)
+			return
+		}
+		arrive := make(chan struct{})
+		r.arrive = arrive
+		r.mu.Unlock()
+		t := time.NewTimer(left)
+		select {
+		case <-arrive:
+		case <-t.C:
+		}
+		t.Stop()
+		r.mu.Lock()
+		r.arrive = nil
+	}
+}
+
+// After a wait that ran out, gatherBatch skips the next 8 batches; after
+// k in a row, 4<<k, up to 512 (gatherMaxMiss): a goroutine that came back
+// late once (it was not scheduled, it ended its work) costs little,
+// stages that take longer than an fsync cost one wait in 512 batches.
+const gatherMaxMiss = 7
 
 // sideWrite writes the queued transactions that need no fsync (begins)
 // while the leader waits for an fsync: the leader holds the ledger lock
@@ -838,9 +966,16 @@ func (r *Run) apply(batch []*tx) {
 		r.syncing = true
 		r.mu.Unlock()
 		r.stMu.Unlock()
+		start := time.Now()
 		err := r.makeDurable(w.bytes, span, w.end)
+		d := time.Since(start)
 		r.mu.Lock()
 		r.syncing = false
+		if r.syncTime == 0 {
+			r.syncTime = d
+		} else {
+			r.syncTime += (d - r.syncTime) / 8
+		}
 		r.mu.Unlock()
 		r.sideWriters.Wait()
 		r.stMu.Lock()

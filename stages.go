@@ -383,7 +383,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if err := r.hit(hookAfterBegin, name); err != nil {
 			return nil, err
 		}
-		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}}, nil
+		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now()}, nil
 	}
 }
 
@@ -396,6 +396,8 @@ type Stage struct {
 	attempt int
 	ev      *evidence
 	fps     map[string]string
+
+	began time.Time // when Begin returned it (for the group commit: stageEnded)
 
 	mu       sync.Mutex
 	outputs  map[string]Output // recorded by WriteFile, hashed
@@ -453,9 +455,11 @@ func (st *Stage) check() error {
 	return nil
 }
 
-// WriteFile writes data to path inside the run directory atomically (a temp
-// file renamed over it, so a reader never sees half a file) and records it
-// as an output of this attempt with its SHA-256. The file is not fsync'd:
+// WriteFile writes data to path inside the run directory atomically, so a
+// reader never sees half a file (on Linux a new file is written unnamed
+// and then linked in; otherwise, and to replace a file, a temp file in
+// logs/tmp is renamed over it), and records it as an output of this
+// attempt with its SHA-256. The file is not fsync'd:
 // Complete records its hash, and a later Begin redoes the stage if the
 // file did not survive. path is relative to the run directory (or absolute
 // inside it) and may not escape it, even through a symbolic link.
@@ -608,7 +612,7 @@ func (st *Stage) Complete() error {
 		stale = staleReason(st.ev.inputs, now.inputs)
 	}
 	var staleErr error
-	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
+	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		if _, err := st.running(s); err != nil {
 			return nil, err
 		}
@@ -654,7 +658,7 @@ func (st *Stage) Fail(err error) error {
 	}
 	class, reason := classOf(err)
 	max := st.run.opts.MaxAttempts
-	_, cerr := st.run.commit(true, func(s *state) ([]*Record, error) {
+	_, cerr := st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		cur, rerr := st.running(s)
 		if rerr != nil {
 			return nil, rerr
@@ -691,7 +695,7 @@ func (st *Stage) Await(reason string) error {
 	if err != nil {
 		return err
 	}
-	_, err = st.run.commit(true, func(s *state) ([]*Record, error) {
+	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		if _, err := st.running(s); err != nil {
 			return nil, err
 		}
