@@ -618,7 +618,8 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 		// waits for its fsync and is written on its own (sideWrite): a
 		// write and a lock round apiece. With 8 goroutines on 2 CPUs
 		// that is 15% more checkpoints per second; a goroutine
-		// committing alone never yields (PERF.md).
+		// committing alone never yields (PERF.md). Then gatherBatch
+		// may hold the batch for their completes.
 		if r.woke {
 			r.mu.Unlock()
 			runtime.Gosched()
