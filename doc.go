@@ -124,9 +124,13 @@
 // one lock, one write and one fsync for the batch; begins that come while
 // the batch waits for its fsync are written meanwhile, under the same lock,
 // and do not wait for it (unless they record another record the handoff
-// must show, such as an interrupted attempt). A failed fsync is never
-// retried: the Run turns read-only (ErrReadOnly), because the kernel may
-// already have dropped the data.
+// must show, such as an interrupted attempt). When goroutines run short
+// stages (shorter, on average, than an fsync takes), the group commit may
+// hold a stage's end for up to about one fsync so that the goroutines it
+// just let go, whose stages are running, share the next fsync instead of
+// taking turns; a goroutine alone never waits for another. A failed
+// fsync is never retried: the Run turns read-only (ErrReadOnly), because
+// the kernel may already have dropped the data.
 //
 // So, whenever a process dies: every acknowledged record is in the ledger
 // (or, after a machine crash, in logs/ledger.wal until the next Open);

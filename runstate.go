@@ -647,9 +647,9 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 // would miss it: the goroutines would fall into two groups taking turns,
 // each batch holding half of them and each Do spanning two fsyncs. So
 // when the queue holds both, gatherBatch writes the begins alone (no
-// fsync: their goroutines go on at once) and waits, at most about as long as an
-// fsync takes here, until as many more completes (or other records to
-// sync) are queued, so that one fsync covers both groups. Where stages
+// fsync: their goroutines go on at once) and waits, at most about as long
+// as an fsync takes here, until as many more completes (or other records
+// to sync) are queued, so that one fsync covers both groups. Where stages
 // take longer than an fsync (on average: stageTime), it does not wait:
 // nothing to gain. A wait that runs out anyway turns gathering off for a
 // number of batches that doubles while waits keep running out
@@ -699,7 +699,10 @@ func (r *Run) gatherBatch(own *tx) {
 				n++
 			}
 		}
-		if n >= want || r.closed {
+		if r.closed {
+			return
+		}
+		if n >= want {
 			r.gathered.Add(1)
 			r.gatherMiss = 0
 			return
