@@ -128,9 +128,11 @@
 // stages (shorter, on average, than an fsync takes), the group commit may
 // hold a stage's end for up to about one fsync so that the goroutines it
 // just let go, whose stages are running, share the next fsync instead of
-// taking turns; a goroutine alone never waits for another. A failed
-// fsync is never retried: the Run turns read-only (ErrReadOnly), because
-// the kernel may already have dropped the data.
+// taking turns; a goroutine alone never waits for another, and none
+// waits while the program's other goroutines keep every processor busy
+// (it would cost more than it saves). A failed fsync is never retried:
+// the Run turns read-only (ErrReadOnly), because the kernel may already
+// have dropped the data.
 //
 // So, whenever a process dies: every acknowledged record is in the ledger
 // (or, after a machine crash, in logs/ledger.wal until the next Open);

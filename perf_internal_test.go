@@ -480,6 +480,71 @@ func slowDiskOneP(t *testing.T) (*Run, *countFS) {
 	return r, c
 }
 
+// TestCooperateWhenBusy: while the program's own goroutines keep every
+// processor busy, a leader's yield waits for a time slice (milliseconds),
+// longer than the fsync it could save; cooperate then stops yielding and
+// gathering, and only probes once in coopProbe batches.
+func TestCooperateWhenBusy(t *testing.T) {
+	procs := runtime.GOMAXPROCS(2)
+	defer runtime.GOMAXPROCS(procs)
+	ctx := context.Background()
+	c := newCountFS()
+	c.syncDelay = time.Millisecond
+	r := openCounted(t, t.TempDir(), c, Options{})
+	defer r.Close()
+	var stop atomic.Bool
+	var hogs sync.WaitGroup
+	for range 2 {
+		hogs.Add(1)
+		go func() { // CPU work of the program's own, never blocking
+			defer hogs.Done()
+			x := 0
+			for !stop.Load() {
+				for k := range 100_000 {
+					x += k
+				}
+			}
+			_ = x
+		}()
+	}
+	n := inGoroutines(t, 8, 15, func(name string) error {
+		return r.Do(ctx, name, func(context.Context, *Stage) error { return nil })
+	})
+	stop.Store(true)
+	hogs.Wait()
+	r.mu.Lock()
+	skipped, yield, syncTime := r.coopSkipped, r.yieldTime, r.syncTime
+	r.mu.Unlock()
+	t.Logf("%d checkpoints beside 2 busy goroutines: %d batches skipped the yield; a yield takes %v, an fsync %v", n, skipped, yield, syncTime)
+	assert.Positive(t, skipped, "yields that wait for a time slice are given up")
+}
+
+// TestCooperateProbes drives cooperate: while a yield takes longer than an
+// fsync it neither yields nor gathers, but for one batch in coopProbe,
+// whose yield is measured; once yields are cheap again it gathers.
+func TestCooperateProbes(t *testing.T) {
+	r, begin, complete := queuedPair(t)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.syncTime, r.stageTime, r.yieldTime = time.Millisecond, 10*time.Microsecond, 10*time.Millisecond
+	for i := 1; i < coopProbe; i++ {
+		r.queue = []*tx{complete, begin}
+		r.cooperate(nil)
+		assert.Equal(t, []*tx{complete, begin}, r.queue, "batch %d: not gathered", i)
+		assert.Equal(t, 10*time.Millisecond, r.yieldTime, "batch %d: no yield measured", i)
+	}
+	r.cooperate(nil) // the probe: a yield with nothing else to run is fast
+	assert.Less(t, r.yieldTime, 10*time.Millisecond, "the probe's yield is measured")
+	assert.Greater(t, r.yieldTime, r.syncTime, "one fast yield does not outweigh slow ones")
+	assert.Equal(t, []*tx{complete, begin}, r.queue, "the probe does not gather while yields are still slow")
+
+	r.yieldTime = 10 * time.Microsecond
+	r.cooperate(nil)
+	assert.Equal(t, []*tx{complete}, r.queue, "yields cheap again: the begin is written alone, the batch gathered")
+	r.queue = nil
+}
+
 // inGoroutines calls do with names g<g>/s<i> from goroutines goroutines,
 // each times each, in order, and waits for them; it returns how many
 // calls it made.
@@ -545,16 +610,23 @@ func TestGatherOneFsyncForAll(t *testing.T) {
 	assert.LessOrEqual(t, late, int64(1), "stages longer than an fsync: no waiting for them")
 }
 
+// queuedPair opens a run and makes two transactions that append nothing,
+// for tests that drive the leader's steps by hand: a begin (lazy) and a
+// record to sync.
+func queuedPair(t *testing.T) (r *Run, begin, complete *tx) {
+	r, err := Open(t.TempDir(), &Options{Request: "leader"})
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	noop := func(*state) ([]*Record, error) { return nil, nil }
+	return r, &tx{fn: noop, lazy: true, done: make(chan struct{})}, &tx{fn: noop, sync: true, done: make(chan struct{})}
+}
+
 // TestGatherWhen drives gatherBatch itself: it waits for nothing while
 // stages take longer than an fsync; otherwise it writes the begins alone
 // and waits up to about one fsync for the records it expects.
 func TestGatherWhen(t *testing.T) {
-	r, err := Open(t.TempDir(), &Options{Request: "gather"})
-	require.NoError(t, err)
-	defer r.Close()
-	noop := func(*state) ([]*Record, error) { return nil, nil }
-	begin := &tx{fn: noop, lazy: true, done: make(chan struct{})}
-	complete := &tx{fn: noop, sync: true, done: make(chan struct{})}
+	r, begin, complete := queuedPair(t)
+	noop := begin.fn
 	closed := func(t *tx) bool {
 		select {
 		case <-t.done:

@@ -140,6 +140,10 @@ type Run struct {
 	stageTime  time.Duration
 	gathered   atomic.Int64
 	gatherLate atomic.Int64
+	// yieldTime: how long cooperate's yield takes (a moving average);
+	// coopSkipped counts the batches it skipped.
+	yieldTime   time.Duration
+	coopSkipped int
 	// flushTimer republishes a handoff that lags by begins (handoffLag);
 	// flushing counts its runs; closing: no new timer.
 	flushTimer *time.Timer
@@ -619,12 +623,11 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 		// write and a lock round apiece. With 8 goroutines on 2 CPUs
 		// that is 15% more checkpoints per second; a goroutine
 		// committing alone never yields (PERF.md). Then gatherBatch
-		// may hold the batch for their completes.
+		// may hold the batch for their completes. Neither is done while
+		// the program's other goroutines keep every processor busy
+		// (cooperate).
 		if r.woke {
-			r.mu.Unlock()
-			runtime.Gosched()
-			r.mu.Lock()
-			r.gatherBatch(t)
+			r.cooperate(t)
 		}
 		batch := r.queue
 		r.queue = nil
@@ -638,6 +641,48 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	<-t.done
 	return t.recs, t.err
 }
+
+// cooperate yields once and lets gatherBatch gather the next batch (see
+// commitTx), unless the processors are busy with other work. A yield
+// normally takes some microseconds (the woken goroutines run up to their
+// next commit); where the program's own goroutines hold every P it waits
+// for a time slice to come round, milliseconds, and so does every wake-up
+// of the leader after it: then yielding and gathering cost more than the
+// fsyncs they save. So while a yield takes (on average: yieldTime) longer
+// than an fsync or than a millisecond (an fsync's measured time grows
+// with those waits too), it only yields once in coopProbe batches, to see
+// whether that has changed. The caller is the leader and holds r.mu.
+func (r *Run) cooperate(own *tx) {
+	busy := func() bool {
+		limit := time.Millisecond
+		if r.syncTime > 0 {
+			limit = min(limit, r.syncTime)
+		}
+		return r.yieldTime > limit
+	}
+	if busy() {
+		r.coopSkipped++
+		if r.coopSkipped%coopProbe != 0 {
+			return
+		}
+	}
+	start := time.Now()
+	r.mu.Unlock()
+	runtime.Gosched()
+	r.mu.Lock()
+	if d := time.Since(start); r.yieldTime == 0 {
+		r.yieldTime = d
+	} else {
+		r.yieldTime += (d - r.yieldTime) / 4
+	}
+	if !busy() {
+		r.gatherBatch(own)
+	}
+}
+
+// coopProbe: while yields take longer than an fsync, cooperate yields in
+// one batch of this many.
+const coopProbe = 64
 
 // gatherBatch runs before a batch when the last one woke other goroutines
 // and they have had their turn (the leader's yield). Most of them come
