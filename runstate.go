@@ -648,18 +648,11 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 // next commit); where the program's own goroutines hold every P it waits
 // for a time slice to come round, milliseconds, and so does every wake-up
 // of the leader after it: then yielding and gathering cost more than the
-// fsyncs they save. So while a yield takes (on average: yieldTime) longer
-// than an fsync or than a millisecond (an fsync's measured time grows
-// with those waits too), it only yields once in coopProbe batches, to see
+// fsyncs they save. So while a yield takes longer than coopBusy (on
+// average: yieldTime), it only yields once in coopProbe batches, to see
 // whether that has changed. The caller is the leader and holds r.mu.
 func (r *Run) cooperate(own *tx) {
-	busy := func() bool {
-		limit := time.Millisecond
-		if r.syncTime > 0 {
-			limit = min(limit, r.syncTime)
-		}
-		return r.yieldTime > limit
-	}
+	busy := func() bool { return r.yieldTime > coopBusy }
 	if busy() {
 		r.coopSkipped++
 		if r.coopSkipped%coopProbe != 0 {
@@ -680,9 +673,15 @@ func (r *Run) cooperate(own *tx) {
 	}
 }
 
-// coopProbe: while yields take longer than an fsync, cooperate yields in
+// coopBusy: a yield that takes longer than this, on average, waited for
+// a time slice (the Go scheduler's is 10 ms); a yield with processors to
+// spare takes some microseconds (26 µs a batch with 8 goroutines on 2
+// CPUs here). coopProbe: while yields are that slow, cooperate yields in
 // one batch of this many.
-const coopProbe = 64
+const (
+	coopBusy  = time.Millisecond
+	coopProbe = 64
+)
 
 // gatherBatch runs before a batch when the last one woke other goroutines
 // and they have had their turn (the leader's yield). Most of them come
