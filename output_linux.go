@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/runstate/runstate/internal/unnamed"
@@ -29,9 +28,8 @@ import (
 type outputDirs struct {
 	root *os.File // the run directory
 	tmp  *os.File // logs/tmp
-	// link is how a new output is linked in (unnamed.EmptyPath, Proc or
-	// None, learnt at the first new output; 0 before).
-	link atomic.Int32
+	// link is how a new output is linked in, learnt at the first one.
+	link unnamed.Way
 }
 
 // open opens the directories through root, so that they are the ones
@@ -104,8 +102,12 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 		}
 		defer syscall.Close(dirFd)
 	}
-	if err := d.writeNew(dirFd, base, data); err != errFallBack {
-		return err
+	// A new output: an unnamed file, linked in once written (a reader
+	// sees all of it or nothing, a killed process leaves nothing). An
+	// existing one (a stage run again: EEXIST), or no O_TMPFILE here:
+	// through logs/tmp.
+	if d.link.Write(dirFd, base, data) == nil {
+		return nil
 	}
 	fd, err := openat(tmpFd, tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
@@ -121,27 +123,6 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 	if err != nil {
 		_ = syscall.Unlinkat(tmpFd, tmpName)
 		return errFallBack
-	}
-	return nil
-}
-
-// writeNew writes data to base, a name that does not exist yet in the
-// directory dirFd, as an unnamed file linked in once written (package
-// internal/unnamed): a reader sees the whole output or none, and a
-// process killed meanwhile leaves nothing behind. It returns errFallBack
-// when base exists or the way is closed here, with nothing left behind.
-func (d *outputDirs) writeNew(dirFd int, base string, data []byte) error {
-	known := int(d.link.Load())
-	how := max(known, unnamed.EmptyPath)
-	if how == unnamed.None {
-		return errFallBack
-	}
-	way, err := unnamed.Write(dirFd, base, data, how)
-	if way != known {
-		d.link.Store(int32(way))
-	}
-	if err != nil {
-		return errFallBack // EEXIST (a stage run again), a full disk, ...
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ func TestOutputUnnamedFile(t *testing.T) {
 	require.True(t, r.out.write("first.txt", "t1", []byte("first")))
 	check("first.txt", []byte("first"))
 	way := r.out.link.Load()
-	assert.Contains(t, []int32{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
+	assert.Contains(t, []int{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
 
 	// An output that exists is replaced (a link cannot), the way kept.
 	require.True(t, r.out.write("first.txt", "t2", []byte("second, longer")))
@@ -50,7 +50,7 @@ func TestOutputUnnamedFile(t *testing.T) {
 	assert.Equal(t, way, r.out.link.Load(), "replacing an output does not change the way")
 
 	for _, c := range []struct {
-		how  int32
+		how  int
 		name string
 	}{{unnamed.EmptyPath, "empty-path.txt"}, {unnamed.Proc, "proc.txt"}, {unnamed.None, "temp.txt"}} {
 		if c.how == unnamed.EmptyPath && way == unnamed.Proc {

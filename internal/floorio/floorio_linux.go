@@ -6,8 +6,8 @@
 package floorio
 
 import (
+	"errors"
 	"os"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/runstate/runstate/internal/unnamed"
@@ -25,12 +25,8 @@ func Fdatasync(f *os.File) error { return syscall.Fdatasync(int(f.Fd())) }
 // out (openat, write, close, renameat), as WriteFile then does. Nothing is
 // synced. Safe for concurrent use.
 func WriteOutput(tmp, out *os.File, tmpName, outName string, data []byte) error {
-	if how := max(int(way.Load()), unnamed.EmptyPath); how != unnamed.None {
-		w, err := unnamed.Write(int(out.Fd()), outName, data, how)
-		way.Store(int32(w))
-		if err == nil || w != unnamed.None {
-			return err
-		}
+	if err := way.Write(int(out.Fd()), outName, data); !errors.Is(err, unnamed.ErrUnsupported) {
+		return err
 	}
 	fd, err := syscall.Openat(int(tmp.Fd()), tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
@@ -46,5 +42,5 @@ func WriteOutput(tmp, out *os.File, tmpName, outName string, data []byte) error 
 	return syscall.Renameat(int(tmp.Fd()), tmpName, int(out.Fd()), outName)
 }
 
-// way is how WriteOutput links an unnamed file here (0 until it knows).
-var way atomic.Int32
+// way is how WriteOutput links an unnamed file here.
+var way unnamed.Way

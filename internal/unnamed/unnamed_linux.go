@@ -1,7 +1,9 @@
 package unnamed
 
 import (
+	"errors"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -106,4 +108,37 @@ func retry(fn func() (int, error)) (int, error) {
 			return n, err
 		}
 	}
+}
+
+// ErrUnsupported: this kernel or file system cannot write unnamed files
+// (Way.Write); write through a temp file instead.
+var ErrUnsupported = errors.New("unnamed files are not supported here")
+
+// Way is the way to link unnamed files learnt so far, for a session or a
+// process: the zero Way tries EmptyPath first. Safe for concurrent use.
+type Way struct{ how atomic.Int32 }
+
+// Load returns the way learnt so far (0: none yet).
+func (w *Way) Load() int { return int(w.how.Load()) }
+
+// Store sets the way (for tests).
+func (w *Way) Store(how int) { w.how.Store(int32(how)) }
+
+// Write is the package's Write with the way learnt so far, which it
+// updates. It fails with ErrUnsupported when the way is None (nothing is
+// tried) or turns out to be.
+func (w *Way) Write(dirFd int, name string, data []byte) error {
+	known := w.Load()
+	how := max(known, EmptyPath)
+	if how == None {
+		return ErrUnsupported
+	}
+	got, err := Write(dirFd, name, data, how)
+	if got != known {
+		w.Store(got)
+	}
+	if err != nil && got == None {
+		return ErrUnsupported
+	}
+	return err
 }

@@ -71,3 +71,30 @@ func TestWrite(t *testing.T) {
 	assert.Equal(t, way, w, "a failure of this file's keeps the way")
 	assert.ElementsMatch(t, []string{"a.txt", "b.txt", "empty", "probe"}, names())
 }
+
+// A Way learns the way at its first write and keeps it; once it is None
+// it tries nothing.
+func TestWay(t *testing.T) {
+	dir := t.TempDir()
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	defer d.Close()
+	var w Way
+	require.Zero(t, w.Load())
+	require.NoError(t, w.Write(int(d.Fd()), "a", []byte("a")))
+	learnt := w.Load()
+	assert.Contains(t, []int{EmptyPath, Proc}, learnt)
+	assert.ErrorIs(t, w.Write(int(d.Fd()), "a", []byte("b")), syscall.EEXIST)
+	assert.Equal(t, learnt, w.Load(), "a failure of this file's keeps the way")
+	w.Store(None)
+	assert.ErrorIs(t, w.Write(int(d.Fd()), "b", []byte("b")), ErrUnsupported)
+	assert.NoFileExists(t, filepath.Join(dir, "b"))
+
+	// A file system without O_TMPFILE (proc): learnt as None, and said so.
+	proc, err := os.Open("/proc")
+	require.NoError(t, err)
+	defer proc.Close()
+	var fresh Way
+	assert.ErrorIs(t, fresh.Write(int(proc.Fd()), "x", nil), ErrUnsupported)
+	assert.Equal(t, None, fresh.Load())
+}
