@@ -462,7 +462,7 @@ func TestBeginsJoinTheBatch(t *testing.T) {
 	writes0 := c.ledgerWrites.Load()
 	n := inGoroutines(t, 8, 20, func(name string) error { return smallDo(ctx, r, name) })
 	writes, commits := c.ledgerWrites.Load()-writes0, 2*n
-	t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes", commits, writes)
+	t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes; yield %v skipped %d", commits, writes, r.yieldTime, r.coopSkipped)
 	assert.LessOrEqual(t, writes, commits/2, "begins join the batches of completes (69-102 here; without the yield 200)")
 }
 
@@ -507,7 +507,7 @@ func TestCooperateWhenBusy(t *testing.T) {
 			_ = x
 		}()
 	}
-	n := inGoroutines(t, 8, 15, func(name string) error {
+	n := inGoroutines(t, 8, 25, func(name string) error {
 		return r.Do(ctx, name, func(context.Context, *Stage) error { return nil })
 	})
 	stop.Store(true)
@@ -543,6 +543,35 @@ func TestCooperateProbes(t *testing.T) {
 	r.cooperate(nil)
 	assert.Equal(t, []*tx{complete}, r.queue, "yields cheap again: the begin is written alone, the batch gathered")
 	r.queue = nil
+}
+
+// TestCooperateOneSlowYield: a yield made slow once (as when the kernel
+// runs another process meanwhile) does not make cooperate give up
+// yielding; yields slow twice in a row (the program's own goroutines
+// holding the processors) do.
+func TestCooperateOneSlowYield(t *testing.T) {
+	r, _, _ := queuedPair(t)
+	slowYield := func() {
+		gosched = func() { time.Sleep(5 * time.Millisecond) }
+		defer func() { gosched = runtime.Gosched }()
+		r.cooperate(nil)
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for range 4 {
+		r.cooperate(nil) // nothing else to run: fast
+	}
+	require.Less(t, r.yieldTime, coopBusy)
+	slowYield()
+	assert.Less(t, r.yieldTime, coopBusy, "one slow yield alone: still not busy (%v)", r.yieldTime)
+	r.cooperate(nil)
+	slowYield()
+	slowYield()
+	assert.Greater(t, r.yieldTime, coopBusy, "two slow yields in a row: busy")
+	skipped := r.coopSkipped
+	r.cooperate(nil)
+	assert.Equal(t, skipped+1, r.coopSkipped, "busy: the next batch skips the yield")
 }
 
 // inGoroutines calls do with names g<g>/s<i> from goroutines goroutines,

@@ -140,9 +140,11 @@ type Run struct {
 	stageTime  time.Duration
 	gathered   atomic.Int64
 	gatherLate atomic.Int64
-	// yieldTime: how long cooperate's yield takes (a moving average);
-	// coopSkipped counts the batches it skipped.
+	// yieldTime: how long cooperate's yield takes (a moving average of
+	// the smaller of each two yields in a row); lastYield: the last
+	// yield's time; coopSkipped counts the batches it skipped.
 	yieldTime   time.Duration
+	lastYield   time.Duration
 	coopSkipped int
 	// flushTimer republishes a handoff that lags by begins (handoffLag);
 	// flushing counts its runs; closing: no new timer.
@@ -650,7 +652,13 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 // of the leader after it: then yielding and gathering cost more than the
 // fsyncs they save. So while a yield takes longer than coopBusy (on
 // average: yieldTime), it only yields once in coopProbe batches, to see
-// whether that has changed. The caller is the leader and holds r.mu.
+// whether that has changed. The average takes the smaller of each two
+// yields in a row: a lone slow yield is the machine's other processes
+// (the kernel ran one while the leader was in its yield: it would have
+// run it anyway), not the program's goroutines, whose time slices make
+// yields slow again and again. Taken alone, one such yield early in a
+// run made it busy for hundreds of batches, since a busy run measures
+// only one yield in coopProbe. The caller is the leader and holds r.mu.
 func (r *Run) cooperate(own *tx) {
 	busy := func() bool { return r.yieldTime > coopBusy }
 	if busy() {
@@ -661,17 +669,18 @@ func (r *Run) cooperate(own *tx) {
 	}
 	start := time.Now()
 	r.mu.Unlock()
-	runtime.Gosched()
+	gosched()
 	r.mu.Lock()
-	if d := time.Since(start); r.yieldTime == 0 {
-		r.yieldTime = d
-	} else {
-		r.yieldTime += (d - r.yieldTime) / 4
-	}
+	d := time.Since(start)
+	r.yieldTime += (min(d, r.lastYield) - r.yieldTime) / 4
+	r.lastYield = d
 	if !busy() {
 		r.gatherBatch(own)
 	}
 }
+
+// gosched is cooperate's yield; a test makes it slow.
+var gosched = runtime.Gosched
 
 // coopBusy: a yield that takes longer than this, on average, waited for
 // a time slice (the Go scheduler's is 10 ms); a yield with processors to
