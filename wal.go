@@ -77,8 +77,10 @@ type journal struct {
 	slots   [2 * walSlot]byte
 	// Which way makes a batch durable faster on this file system (see
 	// pick): cost holds a moving average of each way's time, 0 until
-	// measured.
+	// measured, taking the smaller of each two times in a row; prev
+	// holds each way's last time.
 	cost    [2]time.Duration
+	prev    [2]time.Duration
 	best    int // wayLedger or wayRing
 	last    int // the way the previous batch took
 	batches int
@@ -136,16 +138,26 @@ func (j *journal) pick() int {
 
 // note records that a batch took way and d; it reports whether the best
 // way changed. The ring must be 10% faster to be chosen: the ledger's own
-// fdatasync keeps it whole without a restore.
+// fdatasync keeps it whole without a restore. The average takes the
+// smaller of each two times in a row of a way: one time the kernel made
+// long by running another process meanwhile (milliseconds, against tens
+// of microseconds) would otherwise count as the way's and, the other way
+// being tried in only exploreFor batches of exploreEvery, hold the choice
+// for hundreds of batches; a way that became slower is slow twice.
 func (j *journal) note(way int, d time.Duration) bool {
 	if way != j.last {
 		j.last = way // the first batch after a switch is not typical
 		return false
 	}
+	m := d
+	if j.prev[way] != 0 {
+		m = min(d, j.prev[way])
+	}
+	j.prev[way] = d
 	if j.cost[way] == 0 {
-		j.cost[way] = d
+		j.cost[way] = m
 	} else {
-		j.cost[way] += (d - j.cost[way]) / 8
+		j.cost[way] += (m - j.cost[way]) / 8
 	}
 	if j.cost[wayLedger] == 0 || j.cost[wayRing] == 0 {
 		return false
