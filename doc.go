@@ -126,9 +126,9 @@
 // and do not wait for it (unless they record another record the handoff
 // must show, such as an interrupted attempt). When goroutines run short
 // stages (shorter, on average, than an fsync takes), the group commit may
-// hold a stage's end for up to about one fsync so that the goroutines it
-// just let go, whose stages are running, share the next fsync instead of
-// taking turns; a goroutine alone never waits for another, and none
+// hold a stage's end for up to one and a half fsyncs so that the
+// goroutines it just let go, whose stages are running, share the next
+// fsync instead of taking turns; a goroutine alone never waits for another, and none
 // waits while the program's other goroutines keep every processor busy
 // (it would cost more than it saves). A failed fsync is never retried:
 // the Run turns read-only (ErrReadOnly), because the kernel may already
