@@ -787,7 +787,7 @@ func (r *Run) gatherBatch(own *tx) {
 // time by the kernel, and 6-8 of them take about as long as an fsync
 // here: with a wait of one fsync, 5% of the waits ran out (each turning
 // gathering off for 8 batches or more); one and a half made 3-8% more
-// checkpoints per second with 8 goroutines in six sets of runs on this
+// checkpoints per second with 8 goroutines in five sets of runs on this
 // machine's disk, and no difference with a journal (PERF.md).
 const gatherWait = 3
 
