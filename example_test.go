@@ -147,3 +147,79 @@ func ExampleRun_Approve() {
 	// awaiting await-review: read artifacts/review.md
 	// <nil>
 }
+
+// triage is the program in README.md (readme_test.go keeps the two the
+// same): two stages and a side effect. Run it twice and the second run
+// skips what the first finished; kill it at any moment and the next run
+// redoes only what was interrupted, and notifies once.
+func triage(ctx context.Context, dir string) error {
+	run, err := runstate.Open(dir, &runstate.Options{Request: "triage the parser findings"})
+	if err != nil {
+		return err // a damaged run is refused, naming the file, line and offset
+	}
+	defer run.Close()
+	if err := run.Plan(ctx, "inspect", "plan"); err != nil {
+		return err
+	}
+
+	// Do skips a stage that is done and whose evidence (its inputs, and
+	// its recorded outputs) still holds; otherwise it runs fn and records
+	// the outputs fn wrote. When Do returns nil, that record is durable.
+	err = run.Do(ctx, "inspect", func(ctx context.Context, st *runstate.Stage) error {
+		fmt.Println("inspect: running")
+		return st.WriteFile("artifacts/findings.txt", []byte("negative amounts\nrounding\n"))
+	}, runstate.Value("parser", "v1"))
+	if err != nil {
+		return err
+	}
+	err = run.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
+		fmt.Println("plan: running")
+		findings, err := os.ReadFile(filepath.Join(dir, "artifacts/findings.txt"))
+		if err != nil {
+			return err
+		}
+		return st.WriteFile("artifacts/plan.md", append([]byte("# fix\n"), findings...))
+	}, runstate.After("inspect")) // redone when inspect's output bytes change
+	if err != nil {
+		return err
+	}
+	// A side effect happens once, across sessions and crashes.
+	_, err = run.Effect(ctx, "notify:plan", runstate.Effect{
+		Do: func(ctx context.Context, key string) (json.RawMessage, error) {
+			fmt.Println("notify: sending") // send it with Idempotency-Key: key
+			return json.RawMessage(`{"sent":true}`), nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println("done: cat logs/next-steps.txt in", filepath.Base(dir))
+	return nil
+}
+
+// The program in README.md, run three times: the second run skips every
+// stage and sends nothing; after inspect's output is deleted, the third
+// redoes inspect only: its output bytes come out the same, so plan, which
+// depends on them through After, still holds.
+func Example_readme() {
+	parent, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(parent)
+	dir := filepath.Join(parent, "triage-run")
+	ctx := context.Background()
+
+	fmt.Println(triage(ctx, dir))
+	fmt.Println(triage(ctx, dir))
+	os.Remove(filepath.Join(dir, "artifacts/findings.txt"))
+	fmt.Println(triage(ctx, dir))
+	// Output:
+	// inspect: running
+	// plan: running
+	// notify: sending
+	// done: cat logs/next-steps.txt in triage-run
+	// <nil>
+	// done: cat logs/next-steps.txt in triage-run
+	// <nil>
+	// inspect: running
+	// done: cat logs/next-steps.txt in triage-run
+	// <nil>
+}

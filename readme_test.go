@@ -1,0 +1,133 @@
+package runstate_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"go/ast"
+	"go/format"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// readmeProgram returns the README's complete program: its first Go block
+// that starts with "package main".
+func readmeProgram(t *testing.T) []byte {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, m := range regexp.MustCompile("(?s)```go\n(.*?)```\n").FindAllSubmatch(readme, -1) {
+		if bytes.HasPrefix(m[1], []byte("package main\n")) {
+			return m[1]
+		}
+	}
+	t.Fatal("README.md: no ```go block that starts with 'package main' (the complete program)")
+	return nil
+}
+
+// funcSources returns the text of each function declared in src, from the
+// func keyword to its closing brace (doc comments left out).
+func funcSources(t *testing.T, name string, src []byte) (*ast.File, map[string]string) {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
+	require.NoError(t, err, "%s does not parse", name)
+	funcs := map[string]string{}
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok {
+			funcs[fd.Name.Name] = string(src[fset.Position(fd.Type.Pos()).Offset:fset.Position(fd.End()).Offset])
+		}
+	}
+	return f, funcs
+}
+
+// TestReadmeProgramIsTheExample keeps the README's program and the tested
+// example (Example_readme, with its // Output:) from drifting apart: every
+// function of the program but main is, character for character, the one in
+// example_test.go, and the program is gofmt-clean and imports exactly the
+// packages it uses.
+func TestReadmeProgramIsTheExample(t *testing.T) {
+	prog := readmeProgram(t)
+	formatted, err := format.Source(prog)
+	require.NoError(t, err)
+	assert.Equal(t, string(formatted), string(prog), "README.md's program is not gofmt-clean")
+
+	file, funcs := funcSources(t, "README.md", prog)
+	exampleSrc, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	_, examples := funcSources(t, "example_test.go", exampleSrc)
+	require.Contains(t, funcs, "main", "README.md's program has no main")
+	require.Greater(t, len(funcs), 1, "README.md's program has only main: nothing is shared with the example")
+	for name, src := range funcs {
+		if name == "main" {
+			continue
+		}
+		assert.Equal(t, examples[name], src, "README.md's func %s differs from example_test.go's: change both", name)
+	}
+
+	imported := map[string]bool{}
+	for _, imp := range file.Imports {
+		path := strings.Trim(imp.Path.Value, `"`)
+		imported[path[strings.LastIndex(path, "/")+1:]] = true
+	}
+	used := map[string]bool{}
+	ast.Inspect(file, func(n ast.Node) bool {
+		if sel, ok := n.(*ast.SelectorExpr); ok {
+			if id, ok := sel.X.(*ast.Ident); ok && imported[id.Name] {
+				used[id.Name] = true
+			}
+		}
+		return true
+	})
+	assert.Equal(t, imported, used, "README.md's program imports a package it does not use")
+}
+
+// TestReadmeProgramRuns builds the README's program as it stands (through a
+// build overlay, so nothing is written into the module) and runs it twice
+// in an empty directory: it must print what the README says it prints.
+func TestReadmeProgramRuns(t *testing.T) {
+	prog := readmeProgram(t)
+	root, err := os.Getwd()
+	require.NoError(t, err)
+	tmp := t.TempDir()
+	src := filepath.Join(tmp, "main.go")
+	require.NoError(t, os.WriteFile(src, prog, 0o644))
+	overlay, err := json.Marshal(map[string]map[string]string{
+		"Replace": {filepath.Join(root, "internal", "readmeprogram", "main.go"): src},
+	})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(tmp, "overlay.json"), overlay, 0o644))
+	bin := filepath.Join(tmp, "readme")
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
+	build := exec.Command("go", "build", "-overlay", filepath.Join(tmp, "overlay.json"), "-o", bin, "./internal/readmeprogram")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "README.md's program does not build:\n%s", out)
+
+	work := t.TempDir()
+	run := func() string {
+		cmd := exec.Command(bin)
+		cmd.Dir = work
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+	first, second := run(), run()
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, out := range []string{first, second} {
+		assert.True(t, strings.Contains(string(readme), out), "README.md does not show what its program prints:\n%s", out)
+	}
+	assert.Equal(t, "inspect: running\nplan: running\nnotify: sending\ndone: cat logs/next-steps.txt in triage-run\n", first)
+	assert.Equal(t, "done: cat logs/next-steps.txt in triage-run\n", second)
+}
