@@ -7,40 +7,164 @@
 //
 // # Using it
 //
-// Open a run directory, Plan the stages, and run each stage with Do (or
-// Begin, then Complete or Fail). Each stage reads its inputs, does its
-// work, writes its outputs and checkpoints:
+// A program opens its run directory, says what work exists, and runs each
+// stage through Do:
 //
-//	run, err := runstate.Open(dir, &runstate.Options{Request: "add tests for the billing parser"})
-//	if err != nil { ... }
+//	run, err := runstate.Open("runs/billing", &runstate.Options{Request: "add tests for the billing parser"})
+//	if err != nil {
+//		return err // a damaged run is refused, naming the file, line and offset
+//	}
 //	defer run.Close()
-//	run.Plan(ctx, "inspect", "plan", "execute", "verify")
+//	if err := run.Plan(ctx, "inspect", "plan", "execute", "verify"); err != nil {
+//		return err
+//	}
 //	err = run.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
 //		return st.WriteFile("artifacts/plan.md", plan)
 //	}, runstate.File("src/parser.go"), runstate.After("inspect"))
 //
-// Do returns nil at once, without calling fn, when the stage is complete and
-// its evidence still holds: the same input fingerprints, every recorded
-// output present with its recorded SHA-256, and not expired (ValidFor).
-// Otherwise the stage is invalidated with a reason ("input src/parser.go
-// changed") and run again. Side effects go through Run.Effect, which
-// records an intent before the effect and its receipt after, so that a
-// confirmed effect is never repeated.
+// Open creates the run, or resumes the one in the directory (a Request
+// other than the run's is ErrMismatch). Do returns nil at once, without
+// calling fn, when the stage is complete and its evidence still holds.
+// Otherwise it records a begin, calls fn, and records a complete with the
+// outputs fn wrote (Stage.WriteFile, or Stage.Output for a file written by
+// other means); when fn returns an error, a failure of the class the error
+// carries: Retryable (the default, up to Options.MaxAttempts, then a person
+// is asked), NeedsPerson or Fatal. Begin, Stage.Complete and Stage.Fail are
+// the primitives under Do; Run.Skip says a stage is not needed.
+//
+// A side effect goes through Run.Effect, which records an intent before it
+// calls Effect.Do and the receipt after, so that a confirmed effect is never
+// sent again; after a crash between the two, Effect.Check asks the
+// receiving system. A review gate calls Stage.Await; a person clears it with
+// Run.Approve (or 'runstate approve'), forces a redo with Run.Invalidate,
+// and settles an effect of unknown outcome with Run.Resolve.
+//
+// The next session runs the same program: Do skips every stage that is done
+// and still valid, and the stage that was running when the last session died
+// is recorded as interrupted and run again. Run.NextSteps and Run.Status say
+// where the run stands; Inspect, ReadLedger and Verify read a run from any
+// process, and the runstate command (cmd/runstate) shows one to a person.
+//
+// # Evidence
+//
+// A stage's evidence is its inputs and its recorded outputs. File(path) is
+// a file's content (path is opened relative to the working directory and
+// recorded as given: open the run from the same directory each time);
+// Value(name, v) is the JSON of v; After(stage) is the outputs of another
+// stage; ValidFor(d) makes the evidence expire. A done stage is redone when
+// an input's fingerprint changed, when a recorded output is missing or
+// altered, or when its evidence expired, and an invalidate record says
+// which. Inputs are hashed at Begin and again at Complete: an input that
+// changed while the stage ran makes Complete return ErrStale rather than
+// record stale work as complete.
+//
+// After(stage) is that stage's output bytes (each output's path, SHA-256
+// and size): a stage redone with the same output bytes does not redo the
+// stages after it, and one whose output differs on every run (a timing, a
+// date, a random id, map order) redoes every stage after it, every time.
+// Normalise such output, or keep it out of the recorded outputs.
+//
+// Stage.Await ends the attempt as awaiting a person, and returns an error
+// wrapping ErrNeedsPerson: returning that error from Do's fn records an
+// await, not a failure (Do records nothing more for an attempt fn ended).
+//
+// The library runs no processes and kills none: when a program is killed,
+// the child processes its stages started (a go test, a model server) run
+// on, and may still write while the next session redoes their stage. Run
+// the program in its own process group and stop the group ('setsid prog',
+// then 'kill -9 -- -PGID'), or on Linux set SysProcAttr.Pdeathsig on each
+// child so that it dies with its parent.
+//
+// # The crash guarantee
+//
+// What each call has made durable when it returns, and what is left after
+// the process is killed (SIGKILL, at any instruction) or the machine loses
+// power:
+//
+//	call                         durable on return   process killed   power lost
+//	Open, creating a run         the create record   kept             kept
+//	Open, resuming               nothing (a)         kept             may be lost (b)
+//	Run.Plan, Skip, Approve,     its record          kept             kept
+//	  Invalidate, Resolve
+//	Run.Begin (and Do's begin)   nothing (a)         kept             may be lost (b)
+//	Stage.WriteFile, Output      nothing (c)         the file whole   may be lost (c)
+//	Stage.Complete, Fail,        its record          kept             kept; outputs
+//	  Await; Do returning nil                                         may be lost (c)
+//	Run.Effect, before Do        the intent          kept             kept
+//	Run.Effect, on return        the receipt         kept             kept
+//	Run.Close                    the whole ledger    kept             kept
+//	next-steps.txt, manifest     never synced (d)    whole (d)        may be behind (d)
+//
+//	(a) The record (open, begin) is in the ledger, written with one write(2),
+//	    but not synced: nothing was promised yet. The next durable record's
+//	    sync covers it.
+//	(b) As if the session never opened, or the stage never began: nothing
+//	    acknowledged is lost.
+//	(c) Outputs are replaced atomically (a temp file or an unnamed file,
+//	    then a rename or link: a killed write leaves the old file or the
+//	    new one, never a part) and not synced. Their hashes are in the
+//	    complete record, so a Begin or Do that finds one missing or altered
+//	    redoes the stage.
+//	(d) Projections of the ledger, replaced atomically and rebuilt by the
+//	    next Open when behind. next-steps.txt is current when an
+//	    acknowledging call returns; begins alone show in it at the stage's
+//	    end, or after 50 ms. manifest.json is written on Open, on Close and
+//	    at most every Options.ManifestInterval.
+//
+// Durable means that the record's bytes were fdatasync'd, in the ledger or
+// in logs/ledger.wal, whichever the Run measures to be faster on its file
+// system; the ledger gets the record first either way, so after a killed
+// process logs/ledger.jsonl alone holds every acknowledged record. After a
+// power loss the ledger may end before records that only logs/ledger.wal
+// holds: the next Open (or 'runstate repair') copies them back before it
+// does anything else, and Inspect, ReadLedger and Verify read them from
+// there meanwhile (Verify names them as a problem). A failed fsync is never
+// retried: the Run turns read-only (ErrReadOnly), because the kernel may
+// already have dropped the data. A failed write (a full disk) returns a
+// *WriteError and acknowledges nothing.
+//
+// A half-written last line was never acknowledged: readers ignore it, and
+// the next writer moves it aside (logs/ledger.jsonl.torn-<time>) and cuts
+// it off. A bad line anywhere else, a gap in seq or a broken prev chain is
+// corruption: Open fails with a *CorruptError naming the file, line and
+// byte offset, and writes nothing. An unknown format version is ErrVersion.
+// Runs assume a local file system: flock is not safe over NFS.
+//
+// # Concurrency
+//
+// Any number of goroutines and processes may share one run. Appends are
+// serialized by a mutex and the lock on logs/ledger.lock, and concurrent
+// calls in one process share one write and one fsync (group commit); with
+// several goroutines running stages shorter than an fsync, a stage's end
+// may wait up to about one and a half fsyncs so that they share one. A
+// stage begun by a live session is ErrBusy for everyone else; one begun by
+// a session that died (its lock in logs/sessions can be taken) is recorded
+// as interrupted and may be begun again. Inspect, ReadLedger and Verify
+// read a run without a lock and without writing.
 //
 // # The run directory (format version 1)
 //
-// Everything in it is plain text that cat and jq can read:
+// Everything in it is plain text that cat and jq can read, except the
+// journal:
 //
-//	logs/ledger.jsonl        the execution ledger: the only source of truth
-//	logs/next-steps.txt      the handoff a fresh session reads first
-//	manifest.json            a snapshot: stages, artifacts, effects, metrics
-//	logs/ledger.lock         the writers' lock file; never holds data
-//	logs/sessions/<id>.lock  held locked by each open session
-//	logs/tmp/                temp files of atomic writes, named <session>-<random>
-//	logs/handoff/<id>.0, .1  each open session's two copies of next-steps.txt,
-//	                         one of them hard-linked as it; gone after Close
-//	logs/ledger.jsonl.torn-* torn last lines moved aside by a writer
-//	artifacts/...            outputs, wherever the stages write them
+//	logs/ledger.jsonl              the execution ledger: the only source of truth
+//	logs/next-steps.txt            the handoff a fresh session reads first
+//	manifest.json                  a snapshot: stages, artifacts, effects, metrics
+//	logs/ledger.wal                the journal (256 KiB, preallocated, overwritten
+//	                               in place) that makes batches durable where that
+//	                               is faster; do not delete it while a power loss
+//	                               may have left records only there
+//	logs/ledger.lock               the writers' lock file (flock(2) on Unix,
+//	                               LockFileEx on Windows); never holds data
+//	logs/sessions/<id>.lock        held locked by each open session; removed by Close
+//	logs/handoff/<id>.0, .1        each open session's two copies of next-steps.txt,
+//	                               one of them hard-linked as it; removed by Close
+//	logs/tmp/                      temp files of atomic writes, <session>-<random>;
+//	                               the next Open removes what a killed write left
+//	logs/ledger.jsonl.torn-<time>  a torn last line, moved aside before the cut
+//	logs/ledger.jsonl.bak-<time>   the whole ledger, kept by 'runstate repair
+//	                               -truncate-at' before it cuts
+//	artifacts/...                  outputs, wherever the stages write them
 //
 // logs/ledger.jsonl holds one JSON object a line, each ended by '\n', in
 // UTF-8. Writers put "seq", "at" and "ev" first and "prev" last; readers
@@ -95,79 +219,8 @@
 // environment, created, seq, plan, stages (name, state, attempts, inputs,
 // outputs, reason, error ...), artifacts (path, sha256, size, stage, seq),
 // effects, sessions, metrics, and "ledger": the byte offset, end and hash
-// of the last record it reflects.
-//
-// # The crash guarantee
-//
-// Appends are made under an exclusive lock on logs/ledger.lock (flock(2) on
-// a descriptor held open for the session on Unix, gofrs/flock's LockFileEx on
-// Windows; session locks use gofrs/flock everywhere) plus a mutex, as one
-// write of whole lines. A record that acknowledges
-// something — complete, fail, skip, plan, await, approve, invalidate,
-// intent, confirm, create — is durable before the call that wrote it
-// returns; a begin or open record is not (nothing was promised yet; a later
-// fsync covers it). Durable means one of two things, whichever the Run
-// measures to be faster on its file system: the ledger was fdatasync'd, or
-// the same bytes were written over logs/ledger.wal, a fixed-size,
-// preallocated file, and that was fdatasync'd (an overwrite writes no
-// metadata: on ext4 with a journal it is about half an append's fdatasync;
-// on ext4 without one it gains nothing, and the ledger's own fdatasync is
-// used). The ledger gets the record first either way, with one write(2),
-// so after a process is killed, or a clean Close (which fdatasyncs the
-// ledger), logs/ledger.jsonl alone holds every acknowledged record. After a
-// machine crash the ledger may end before records that only
-// logs/ledger.wal holds: the next Open (or 'runstate repair') copies them
-// back before anything else, and Inspect, ReadLedger and Verify read them
-// from there meanwhile (Verify names them as a problem). Do not delete
-// logs/ledger.wal while a machine crash may have left records in it.
-// Concurrent appends in one process are group-committed:
-// one lock, one write and one fsync for the batch; begins that come while
-// the batch waits for its fsync are written meanwhile, under the same lock,
-// and do not wait for it (unless they record another record the handoff
-// must show, such as an interrupted attempt). When goroutines run short
-// stages (shorter, on average, than an fsync takes), the group commit may
-// hold a stage's end for up to one and a half fsyncs so that the
-// goroutines it just let go, whose stages are running, share the next
-// fsync instead of taking turns; a goroutine alone never waits for another, and none
-// waits while the program's other goroutines keep every processor busy
-// (it would cost more than it saves). A failed fsync is never retried:
-// the Run turns read-only (ErrReadOnly), because the kernel may already
-// have dropped the data.
-//
-// So, whenever a process dies: every acknowledged record is in the ledger
-// (or, after a machine crash, in logs/ledger.wal until the next Open);
-// a half-written last line was never acknowledged, and the next writer moves
-// it aside to logs/ledger.jsonl.torn-<time> and cuts it off (readers just
-// ignore it). A bad line anywhere else, a gap in seq or a broken prev chain
-// is corruption: Open fails with a *CorruptError naming the file, line and
-// byte offset, and writes nothing. An unknown format version is ErrVersion.
-//
-// next-steps.txt and manifest.json are projections of the ledger, replaced
-// atomically (temp file, rename) without fsync. next-steps.txt is replaced
-// under the lock after every append batch that holds a record other than
-// a begin, so it is current when a checkpoint returns; a batch of begins
-// alone leaves it for the stage's end, or for a timer that shows a stage
-// still running after 50 ms (a session killed in that window leaves it
-// behind by begin records only, which Verify accepts). manifest.json is
-// replaced on Open, on Close and at most every
-// Options.ManifestInterval. A projection left behind the ledger, torn or
-// missing is rebuilt by the next Open. Open resumes from manifest.json when
-// the ledger still has, at the recorded offset, a record with the recorded
-// hash, and replays only the records after it; otherwise it replays the
-// whole ledger. Verify always checks every line.
-//
-// Outputs written with Stage.WriteFile are replaced atomically but not
-// fsync'd: their hashes are in the ledger, and a later Begin redoes the
-// stage if an output did not survive. A temp file left by a killed write
-// is removed by the next Open.
-//
-// Runs assume a local file system: flock over NFS is not safe.
-//
-// # Concurrency
-//
-// Any number of goroutines and processes may share one run. A stage begun
-// by a live session is ErrBusy for everyone else; one begun by a session
-// that died (its lock in logs/sessions can be taken) is recorded as
-// interrupted and may be begun again. Inspect, ReadLedger and Verify read a
-// run from any process without a lock and without writing.
+// of the last record it reflects. Open resumes from it when the ledger
+// still has, at that offset, a record with that hash, and replays only the
+// records after it; otherwise it replays the whole ledger. Verify always
+// checks every line.
 package runstate
