@@ -2,7 +2,9 @@ package runstate_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/format"
 	"go/parser"
@@ -15,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -130,4 +133,41 @@ func TestReadmeProgramRuns(t *testing.T) {
 	}
 	assert.Equal(t, "inspect: running\nplan: running\nnotify: sending\ndone: cat logs/next-steps.txt in triage-run\n", first)
 	assert.Equal(t, "done: cat logs/next-steps.txt in triage-run\n", second)
+}
+
+// TestDoReturningAwaitRecordsAnAwait holds what README.md and the package
+// doc promise: a Do whose fn returns st.Await's error (as is, or wrapped)
+// records an await, never a failure, and the stage waits for a person.
+func TestDoReturningAwaitRecordsAnAwait(t *testing.T) {
+	ctx := t.Context()
+	for name, wrap := range map[string]func(error) error{
+		"as is":   func(err error) error { return err },
+		"wrapped": func(err error) error { return fmt.Errorf("review: %w", err) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			r, err := runstate.Open(dir, &runstate.Options{Request: "review"})
+			require.NoError(t, err)
+			defer r.Close()
+			err = r.Do(ctx, "review", func(ctx context.Context, st *runstate.Stage) error {
+				return wrap(st.Await("read the diff"))
+			})
+			require.ErrorIs(t, err, runstate.ErrNeedsPerson)
+			var evs []string
+			require.NoError(t, runstate.ReadLedger(dir, func(rec *runstate.Record) error {
+				if rec.Stage == "review" {
+					evs = append(evs, rec.Ev)
+				}
+				return nil
+			}))
+			assert.Equal(t, []string{"begin", "await"}, evs)
+			s, err := r.Status()
+			require.NoError(t, err)
+			st, ok := s.Stage("review")
+			require.True(t, ok)
+			assert.Equal(t, runstate.StateAwaiting, st.State)
+			assert.True(t, st.Review, "the stage awaits a review")
+			assert.Zero(t, st.Failures, "an await counted as a failure")
+		})
+	}
 }
