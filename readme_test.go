@@ -171,3 +171,22 @@ func TestDoReturningAwaitRecordsAnAwait(t *testing.T) {
 		})
 	}
 }
+
+// TestReadmeCommandsAreCI keeps the README's two commands for a newcomer
+// as they are: the first shell block runs the example and the tests, and
+// its test command is the one .ci/run runs.
+func TestReadmeCommandsAreCI(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)```sh\n(.*?)```\n").FindSubmatch(readme)
+	require.NotNil(t, m, "README.md has no ```sh block")
+	var cmds []string
+	for _, line := range strings.Split(strings.TrimSpace(string(m[1])), "\n") {
+		cmd, _, _ := strings.Cut(line, "#")
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	assert.Equal(t, []string{"go run ./examples/pipeline", "go test -race ./..."}, cmds)
+	ci, err := os.ReadFile(filepath.Join(".ci", "run"))
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^go test -race \./\.\.\.$`, string(ci), ".ci/run does not run the README's test command")
+}
