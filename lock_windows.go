@@ -66,6 +66,19 @@ func (l *ledgerLock) Lock() error {
 	return nil
 }
 
+// TryLock takes the lock if no other process (nor this Run) holds it,
+// without waiting.
+func (l *ledgerLock) TryLock() (bool, error) {
+	if !l.mu.TryLock() {
+		return false, nil
+	}
+	ok, err := l.fl.TryLock()
+	if !ok {
+		l.mu.Unlock()
+	}
+	return ok, err
+}
+
 // Unlock drops the lock taken by Lock.
 func (l *ledgerLock) Unlock() error {
 	err := l.fl.Unlock()
@@ -76,3 +89,24 @@ func (l *ledgerLock) Unlock() error {
 // Close drops the lock if it is held. It does not wait for a holder in
 // this process (crash calls it mid-batch).
 func (l *ledgerLock) Close() error { return l.fl.Close() }
+
+// processGone reports whether no process with pid exists on this machine:
+// it cannot be opened (ERROR_INVALID_PARAMETER), or it has exited. A
+// process that cannot be queried for another reason is not gone.
+func processGone(pid int) bool {
+	const (
+		processQueryLimitedInformation = 0x1000
+		errorInvalidParameter          = syscall.Errno(87)
+		stillActive                    = 259
+	)
+	h, err := syscall.OpenProcess(processQueryLimitedInformation, false, uint32(pid))
+	if err != nil {
+		return err == errorInvalidParameter
+	}
+	defer syscall.CloseHandle(h)
+	var code uint32
+	if err := syscall.GetExitCodeProcess(h, &code); err != nil {
+		return false
+	}
+	return code != stillActive
+}

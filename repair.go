@@ -335,7 +335,7 @@ func countLines(r io.Reader) (int, error) {
 // liveSessions lists the sessions whose lock file in logs/sessions is
 // held: processes that have the run open. The caller holds the ledger lock.
 func liveSessions(dir string) []string {
-	r := &Run{dir: dir}
+	r := &Run{dir: dir, abs: dir}
 	ents, _ := os.ReadDir(r.path(sessionsDir))
 	var live []string
 	for _, e := range ents {

@@ -107,7 +107,7 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		if slices.Equal(s.plan, stages) {
 			return nil, nil
 		}
@@ -313,7 +313,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		}
 		var fps map[string]string
 		var attempt int
-		_, err := r.commitTx(&tx{lazy: true, fn: func(s *state) ([]*Record, error) {
+		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
 				st = &StageStatus{Name: name, State: StatePending}
@@ -428,11 +428,7 @@ func (r *Run) rel(p string) (string, error) {
 		return "", fmt.Errorf("%w: output path %q is not valid UTF-8", ErrInvalid, p)
 	}
 	if filepath.IsAbs(p) {
-		abs, err := filepath.Abs(r.dir)
-		if err != nil {
-			return "", err
-		}
-		rel, err := filepath.Rel(abs, p)
+		rel, err := filepath.Rel(r.abs, p)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 			return "", fmt.Errorf("%w: output %s is outside the run directory %s", ErrInvalid, p, r.dir)
 		}
@@ -718,7 +714,7 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		st := s.stages[name]
 		if st != nil {
 			if done(st.State) {
@@ -793,7 +789,7 @@ func (r *Run) Approve(ctx context.Context, stage, by, note string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		st := s.stages[stage]
 		if st == nil || st.State != StateAwaiting {
 			state := "unknown to the run"
@@ -823,7 +819,7 @@ func (r *Run) Invalidate(ctx context.Context, stage, reason string) error {
 		return err
 	}
 	by := operator()
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		if s.stages[stage] == nil {
 			return nil, fmt.Errorf("%w: %s is unknown to the run", ErrInvalid, stage)
 		}
