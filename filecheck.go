@@ -4,11 +4,12 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"slices"
 )
 
 // fileIDs are the files a session appends to, as it opened them: the
-// ledger and the journal. Before every batch, under the ledger lock,
-// checkFiles looks whether their names still lead to them: a ledger or a
+// ledger and the journal. Under the ledger lock, checkFiles looks
+// whether their names still lead to them: a ledger or a
 // journal deleted, renamed or replaced under a session (by a person, a
 // backup tool, a sync client) would otherwise take its appends and
 // fdatasyncs into a file nobody reads again, and records acknowledged
@@ -33,9 +34,15 @@ var errReplaced = errors.New("it is no longer the file this session opened (dele
 
 // checkFiles reports, as a sticky WriteError naming the file, a ledger or
 // journal whose path no longer leads to the file the session appends to.
-// It costs one statx (or lstat) a file a batch. The caller holds the
-// ledger lock.
-func (r *Run) checkFiles() error {
+// It runs before every batch that acknowledges a record durably (one that
+// asks for an fsync: a Complete, an Effect's intent, a Close ...), under
+// the ledger lock, before anything is written: a statx (or lstat) of each
+// file. A batch of begins alone, which acknowledges nothing durably, is not
+// checked: the complete after it is.
+func (r *Run) checkFiles(batch []*tx) error {
+	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
+		return nil
+	}
 	if err := r.checkFile(ledgerFile, r.ids.ledger); err != nil {
 		return err
 	}

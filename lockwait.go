@@ -8,12 +8,17 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/gofrs/flock"
 )
 
 // lockWarnAfter: a wait for logs/ledger.lock that lasts longer than this
-// is logged, with the holder.
-var lockWarnAfter = 2 * time.Second
+// is logged, with the holder (2s; tests shorten it).
+var lockWarnAfter atomic.Int64
+
+func init() { lockWarnAfter.Store(int64(2 * time.Second)) }
 
 // waitLock takes the ledger lock, waiting as long as ctx allows (a ctx
 // that is never done: as long as it takes). A wait longer than
@@ -27,7 +32,8 @@ func (r *Run) waitLock(ctx context.Context) error {
 		return nil
 	}
 	start := time.Now()
-	warn := time.AfterFunc(lockWarnAfter, func() {
+	after := time.Duration(lockWarnAfter.Load())
+	warn := time.AfterFunc(after, func() {
 		r.log.Warn("runstate: still waiting for the ledger lock", "lock", r.path(lockFile),
 			"waited", time.Since(start).Round(time.Millisecond), "holder", r.lockHolder())
 	})
@@ -39,7 +45,7 @@ func (r *Run) waitLock(ctx context.Context) error {
 		}
 		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
 	}
-	if d := time.Since(start); d >= lockWarnAfter {
+	if d := time.Since(start); d >= after {
 		r.log.Info("runstate: got the ledger lock", "lock", r.path(lockFile), "waited", d.Round(time.Millisecond))
 	}
 	return nil
@@ -156,4 +162,30 @@ func (r *Run) lockHolder() string {
 		return "a process not found among the run's open sessions (an operator's command?)"
 	}
 	return "a process not found; the run's other open sessions: " + strings.Join(open, "; ")
+}
+
+// lockFor takes lock (logs/ledger.lock at path, for a tool that has no Run:
+// Repair), waiting at most timeout (zero: as long as it takes).
+func lockFor(lock *flock.Flock, path string, timeout time.Duration) error {
+	if timeout <= 0 {
+		if err := lock.Lock(); err != nil {
+			return fmt.Errorf("runstate: lock %s: %w", path, err)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ok, err := lock.TryLockContext(ctx, 10*time.Millisecond)
+	if ok {
+		return nil
+	}
+	if ctx.Err() == nil {
+		return fmt.Errorf("runstate: lock %s: %w", path, err)
+	}
+	who := "a process that could not be found (one of the run's sessions, or an operator's command)"
+	if pids := lockHolders(path); len(pids) > 0 {
+		who = fmt.Sprintf("pid %v on this host", strings.Trim(fmt.Sprint(pids), "[]"))
+	}
+	return fmt.Errorf("runstate: gave up waiting for %s after %s: %w; it is held by %s: a stopped or hung process? resume it (kill -CONT PID) or end it, then try again; nothing was changed",
+		path, timeout, ctxErr(ctx), who)
 }

@@ -88,7 +88,11 @@ type Options struct {
 
 // Run is an open run directory: one session of work on it. All its methods
 // are safe for concurrent use by multiple goroutines, and any number of
-// processes may have the same directory open at once.
+// processes may have the same directory open at once. A method that takes a
+// context waits for logs/ledger.lock (held by another process for each of
+// its appends) as long as the context allows: when it ends first, the call
+// records nothing and returns an error wrapping the context's error (and
+// ErrLockTimeout for a deadline) that names the holder.
 type Run struct {
 	dir     string // as passed to Open, for messages and Dir
 	abs     string // dir made absolute once at Open: every file is found through it
@@ -1018,7 +1022,7 @@ func (r *Run) runLocked(batch []*tx, lockErr error) {
 	defer r.batches.Done()
 	r.stMu.Lock()
 	defer r.stMu.Unlock()
-	if err := r.checkFiles(); err != nil {
+	if err := r.checkFiles(batch); err != nil {
 		r.setSticky(err)
 		fail(err)
 		return
