@@ -251,8 +251,9 @@ func TestCloseIsSafeUnderConcurrency(t *testing.T) {
 						return
 					default:
 					}
-					err := r.Do(ctx, "s"+string(rune('a'+g))+string(rune('a'+i%26)), func(_ context.Context, st *runstate.Stage) error {
-						return nil
+					name := "s" + string(rune('a'+g)) + string(rune('a'+i%26))
+					err := r.Do(ctx, name, func(_ context.Context, st *runstate.Stage) error {
+						return st.WriteFile("artifacts/"+name, []byte(name))
 					})
 					if err != nil && !errors.Is(err, runstate.ErrClosed) {
 						bad.Store(err)

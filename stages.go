@@ -448,7 +448,16 @@ func (st *Stage) check() error {
 	if st.ended {
 		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
 	}
-	return nil
+	return st.run.checkOpen()
+}
+
+// closedOr returns ErrClosed for err when the Run was closed meanwhile (its
+// files are closed: that is why err happened), else err.
+func (st *Stage) closedOr(err error) error {
+	if cerr := st.run.checkOpen(); cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // WriteFile writes data to path inside the run directory atomically, so a
@@ -473,7 +482,7 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 		return err
 	}
 	if err := st.run.writeOutput(rel, data); err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	h := sha256.Sum256(data)
 	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
@@ -554,6 +563,9 @@ func (st *Stage) Output(path string) error {
 	// directory through a symbolic link (the file itself, or a directory
 	// on the way). A file that does not exist yet is checked at Complete.
 	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
+		if cerr := st.run.checkOpen(); cerr != nil {
+			return cerr
+		}
 		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
 	if !slices.Contains(st.declared, rel) {
@@ -598,7 +610,7 @@ func (st *Stage) Complete() error {
 	}
 	outs, err := st.collectOutputs()
 	if err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	now, err := st.run.gather(st.ev.list)
 	stale := ""
@@ -689,7 +701,7 @@ func (st *Stage) Await(reason string) error {
 	}
 	outs, err := st.collectOutputs()
 	if err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		if _, err := st.running(s); err != nil {
