@@ -57,7 +57,7 @@ func (r *Run) checkFile(rel string, id fileID) error {
 		return nil
 	}
 	p := r.path(rel)
-	same, err := pathIs(p, id)
+	same, err := r.pathIs(rel, id)
 	if err == nil && same {
 		return nil
 	}

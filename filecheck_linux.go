@@ -71,13 +71,24 @@ func idOf(f file) (fileID, error) {
 	return id, err
 }
 
-// pathIs reports whether path (a link is not followed) is the file id
-// names.
-func pathIs(path string, id fileID) (bool, error) {
+// pathIs reports whether rel, in the run directory (a link is not
+// followed), is the file id names. It looks rel up from the run
+// directory's descriptor where the Run holds one (outputDirs): two path
+// components instead of the whole absolute path, the same directory its
+// outputs go to.
+func (r *Run) pathIs(rel string, id fileID) (bool, error) {
 	if id.fi != nil {
-		return lstatIs(path, id)
+		return lstatIs(r.path(rel), id)
 	}
-	dev, ino, err := statx(atFDCWD, path, atSymlinkNofollow)
+	var dev, ino uint64
+	var err error
+	if d := r.out.root; d != nil {
+		if cerr := control(d, func(fd int) { dev, ino, err = statx(fd, rel, atSymlinkNofollow) }); cerr != nil {
+			return false, cerr
+		}
+	} else {
+		dev, ino, err = statx(atFDCWD, r.path(rel), atSymlinkNofollow)
+	}
 	if err != nil {
 		return false, err
 	}
