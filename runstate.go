@@ -92,7 +92,11 @@ type Options struct {
 // context waits for logs/ledger.lock (held by another process for each of
 // its appends) as long as the context allows: when it ends first, the call
 // records nothing and returns an error wrapping the context's error (and
-// ErrLockTimeout for a deadline) that names the holder.
+// ErrLockTimeout for a deadline) that names the holder. The records that
+// end a stage's attempt (Complete, Fail, Await, also within Do) and an
+// effect's outcome wait as long as Options.LockTimeout allows instead:
+// giving up at a context's end would leave the stage running, the effect
+// in doubt.
 type Run struct {
 	dir     string // as passed to Open, for messages and Dir
 	abs     string // dir made absolute once at Open: every file is found through it
