@@ -1425,10 +1425,12 @@ func (r *Run) checkOpen() error {
 // returns nil. Safe for concurrent use.
 func (r *Run) Close() error {
 	r.mu.Lock()
-	if r.closeCalled {
-		done := r.closeDone
+	if r.closeCalled || r.closed {
+		done := r.closeDone // nil after crash: nothing to wait for
 		r.mu.Unlock()
-		<-done
+		if done != nil {
+			<-done
+		}
 		return nil
 	}
 	r.closeCalled = true
