@@ -139,8 +139,26 @@
 // may wait up to about one and a half fsyncs so that they share one. A
 // stage begun by a live session is ErrBusy for everyone else; one begun by
 // a session that died (its lock in logs/sessions can be taken) is recorded
-// as interrupted and may be begun again. Inspect, ReadLedger and Verify
-// read a run without a lock and without writing.
+// as interrupted and may be begun again. A session counts as dead only on
+// proof: its lock can be taken, or it closed, or its lock file is missing
+// and its open record names this host and a pid that no longer exists. A
+// lock file a person removed proves nothing (the session stays alive, and
+// the log says so); recreate the empty file to declare a session gone.
+// Inspect, ReadLedger and Verify read a run without a lock and without
+// writing.
+//
+// Calls that take a context wait for logs/ledger.lock as long as it
+// allows (Open, Close and a stage's end as long as Options.LockTimeout
+// allows); a call that gives up records nothing and returns an error that
+// names the pid holding the lock (from /proc/locks on Linux) or the run's
+// open sessions. A wait of more than 2 seconds is logged with the holder.
+//
+// Open creates a run only where there is none: a missing, empty or
+// unreadable ledger beside manifest.json, the handoff, session lock files
+// or artifacts is a *CorruptError, never a new run. Before each batch that
+// acknowledges a record, a session checks that logs/ledger.jsonl and
+// logs/ledger.wal are still the files it opened; when one was deleted,
+// renamed or replaced, the Run turns read-only.
 //
 // # The run directory (format version 1)
 //

@@ -70,6 +70,13 @@ var (
 	// unconfirmed until a later Check finds it.
 	ErrPending = errors.New("runstate: side effect accepted, not yet confirmed")
 
+	// ErrLockTimeout is wrapped by the error of a call that gave up
+	// waiting for logs/ledger.lock: its context's deadline passed, or
+	// Options.LockTimeout ran out. Nothing was recorded by that call. The
+	// error names the process that holds the lock where it can be found
+	// (a stopped or hung process: resume it, or end it).
+	ErrLockTimeout = errors.New("runstate: timed out waiting for the ledger lock")
+
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage
 	// name, a path that escapes the run directory, an unknown stage.
 	ErrInvalid = errors.New("runstate: invalid argument")

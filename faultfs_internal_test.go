@@ -162,7 +162,7 @@ func TestFaultShortWriteThatCannotBeCutBack(t *testing.T) {
 	assert.True(t, werr.Sticky, "a torn write that stays in the file makes the run read-only")
 	err = r.Plan(context.Background(), "x")
 	assert.ErrorIs(t, err, ErrReadOnly)
-	require.NoError(t, r.Close())
+	require.ErrorIs(t, r.Close(), ErrReadOnly, "Close returns the sticky error")
 
 	// A fresh session cuts the torn bytes aside; nothing acknowledged is lost.
 	r, err = Open(dir, faultOptions(faultfs.New(), nil))

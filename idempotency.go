@@ -86,7 +86,7 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 			seen    int64
 			pending bool
 		)
-		_, err := r.commit(true, func(s *state) ([]*Record, error) {
+		_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 			cur := s.effects[key]
 			if cur != nil && phash != "" && cur.Payload != "" && cur.Payload != phash {
 				return nil, fmt.Errorf("%w: effect %s was recorded with another request (%.19s, now %.19s): use a new key for a new request",
@@ -152,7 +152,7 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 		receipt, found, cerr = e.Check(ctx, full)
 	}
 	var outErr error
-	_, err = r.commit(true, func(s *state) ([]*Record, error) {
+	_, err = r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		cur := s.effects[key]
 		if cur == nil || cur.Seq != seen {
 			return nil, errRecheck // someone else settled it meanwhile
@@ -264,7 +264,7 @@ func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		cur := s.effects[key]
 		if cur == nil {
 			return nil, fmt.Errorf("%w: effect %s is unknown to the run", ErrInvalid, key)

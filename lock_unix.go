@@ -95,3 +95,27 @@ func (l *ledgerLock) flock(how int) error {
 // Close closes the lock file, which drops the lock if it is held. It does
 // not wait for a holder in this process (crash calls it mid-batch).
 func (l *ledgerLock) Close() error { return l.f.Close() }
+
+// processGone reports whether no process with pid exists on this machine:
+// kill(pid, 0) fails with ESRCH. A process that exists (even one that
+// reused the pid, or that this user may not signal) is not gone.
+func processGone(pid int) bool {
+	return syscall.Kill(pid, 0) == syscall.ESRCH
+}
+
+// TryLock takes the lock if no other process (nor this Run) holds it,
+// without waiting.
+func (l *ledgerLock) TryLock() (bool, error) {
+	if !l.mu.TryLock() {
+		return false, nil
+	}
+	err := l.flock(syscall.LOCK_EX | syscall.LOCK_NB)
+	if err == nil {
+		return true, nil
+	}
+	l.mu.Unlock()
+	if err == syscall.EWOULDBLOCK {
+		return false, nil
+	}
+	return false, err
+}

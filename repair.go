@@ -31,6 +31,12 @@ type RepairOptions struct {
 	// line: acknowledged, healthy records are dropped (the backup keeps
 	// them). It never lets a cut keep damage.
 	Force bool
+
+	// LockTimeout bounds the wait for logs/ledger.lock, which a running
+	// session holds for each append: a wait that runs out fails with
+	// ErrLockTimeout, naming the holder where it can be found, and
+	// changes nothing. Zero waits forever.
+	LockTimeout time.Duration
 }
 
 // RepairReport says what Repair did; everything it names was durable when
@@ -119,8 +125,8 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	}
 
 	lock := flock.New(path(lockFile))
-	if err := lock.Lock(); err != nil {
-		return nil, fmt.Errorf("runstate: lock %s: %w", path(lockFile), err)
+	if err := lockFor(lock, path(lockFile), o.LockTimeout); err != nil {
+		return nil, err
 	}
 	defer lock.Unlock()
 
@@ -335,7 +341,7 @@ func countLines(r io.Reader) (int, error) {
 // liveSessions lists the sessions whose lock file in logs/sessions is
 // held: processes that have the run open. The caller holds the ledger lock.
 func liveSessions(dir string) []string {
-	r := &Run{dir: dir}
+	r := &Run{dir: dir, abs: dir}
 	ents, _ := os.ReadDir(r.path(sessionsDir))
 	var live []string
 	for _, e := range ents {

@@ -64,6 +64,15 @@ type Options struct {
 	// not be written) and debug records. Nil discards them.
 	Logger *slog.Logger
 
+	// LockTimeout bounds how long Open, Close, and a Stage's Complete,
+	// Fail and Await wait for logs/ledger.lock while another process
+	// holds it (the calls that take a context wait as long as it allows,
+	// and Open no longer than this either). A wait that runs out fails
+	// with ErrLockTimeout, naming the holder where it can be found. Zero
+	// waits forever, as bbolt's Options.Timeout does; a wait longer than
+	// a few seconds is logged with the holder either way.
+	LockTimeout time.Duration
+
 	// NoSync skips every fsync. Unsafe: an acknowledged record may be lost
 	// in a power failure. Tests only.
 	NoSync bool
@@ -79,17 +88,28 @@ type Options struct {
 
 // Run is an open run directory: one session of work on it. All its methods
 // are safe for concurrent use by multiple goroutines, and any number of
-// processes may have the same directory open at once.
+// processes may have the same directory open at once. A method that takes a
+// context waits for logs/ledger.lock (held by another process for each of
+// its appends) as long as the context allows: when it ends first, the call
+// records nothing and returns an error wrapping the context's error (and
+// ErrLockTimeout for a deadline) that names the holder. The records that
+// end a stage's attempt (Complete, Fail, Await, also within Do) and an
+// effect's outcome wait as long as Options.LockTimeout allows instead:
+// giving up at a context's end would leave the stage running, the effect
+// in doubt.
 type Run struct {
-	dir     string
+	dir     string // as passed to Open, for messages and Dir
+	abs     string // dir made absolute once at Open: every file is found through it
 	opts    Options
 	fs      fileSystem
 	log     *slog.Logger
 	session string
+	host    string     // this machine's name, as the open record gives it
 	root    *os.Root   // the run directory, for outputs: no path escapes it
 	out     outputDirs // on Linux, the directories WriteFile works in
 
 	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
+	ids     fileIDs      // which files the ledger and the journal are (see filecheck.go)
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
 	ledger  file         // logs/ledger.jsonl, opened for append and read
 	wal     journal      // logs/ledger.wal: see wal.go
@@ -97,6 +117,9 @@ type Run struct {
 	// stMu guards st. The group-commit leader holds it for a whole batch.
 	stMu sync.RWMutex
 	st   *state
+	// warnedMissing: sessions whose missing lock file alive has logged
+	// (under stMu).
+	warnedMissing map[string]bool
 
 	// Under the ledger lock: which handoff file publishNextSteps writes
 	// next, and whether hard links failed here.
@@ -118,6 +141,13 @@ type Run struct {
 	sticky  error // first write error that makes the run read-only
 	queue   []*tx
 	leading bool
+	// closeCalled: Close has begun; new transactions get ErrClosed (but
+	// the close record's), and a second Close waits for closeDone.
+	// batches counts the batches under way with the ledger lock; Close
+	// waits for them before it closes the files.
+	closeCalled bool
+	closeDone   chan struct{}
+	batches     sync.WaitGroup
 	// syncing: the leader waits for an fsync, holding the ledger lock
 	// but not stMu; sideWriting: a goroutine writes begins meanwhile
 	// (sideWrite); the leader waits for sideWriters after the fsync.
@@ -193,7 +223,7 @@ func Open(dir string, opts *Options) (*Run, error) {
 		r.log = slog.New(slog.DiscardHandler)
 	}
 	if err := r.open(); err != nil {
-		r.release()
+		r.release(true) // no open record was written: nothing to prove gone
 		return nil, err
 	}
 	return r, nil
@@ -210,13 +240,20 @@ func copyEnv(env map[string]string) map[string]string {
 	return out
 }
 
-func (r *Run) path(rel string) string { return filepath.Join(r.dir, filepath.FromSlash(rel)) }
+// path returns the file rel of the run, through the absolute run directory
+// (a later os.Chdir changes nothing).
+func (r *Run) path(rel string) string { return filepath.Join(r.abs, filepath.FromSlash(rel)) }
 
 func (r *Run) open() error {
 	if r.dir == "" {
 		return fmt.Errorf("%w: Open needs a directory", ErrInvalid)
 	}
-	if fi, err := os.Stat(r.dir); err == nil && !fi.IsDir() {
+	abs, err := filepath.Abs(r.dir)
+	if err != nil {
+		return fmt.Errorf("runstate: cannot use %s: %w", r.dir, err)
+	}
+	r.abs = abs
+	if fi, err := os.Stat(r.abs); err == nil && !fi.IsDir() {
 		return fmt.Errorf("runstate: %s is a file, not a run directory: pass a directory", r.dir)
 	} else if err != nil && !isNotExist(err) {
 		return fmt.Errorf("runstate: cannot use %s: %w", r.dir, err)
@@ -226,7 +263,7 @@ func (r *Run) open() error {
 			return fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", r.path(d), err)
 		}
 	}
-	root, err := os.OpenRoot(r.dir)
+	root, err := os.OpenRoot(r.abs)
 	if err != nil {
 		return fmt.Errorf("runstate: open %s: %w", r.dir, err)
 	}
@@ -237,22 +274,33 @@ func (r *Run) open() error {
 	if err != nil {
 		return fmt.Errorf("runstate: open %s: %w", r.path(lockFile), err)
 	}
-	if err := r.lock.Lock(); err != nil {
-		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
+	ctx := context.Background()
+	if r.opts.LockTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.LockTimeout)
+		defer cancel()
+	}
+	if err := r.waitLock(ctx); err != nil {
+		return err
 	}
 	defer r.lock.Unlock()
 
 	lp := r.path(ledgerFile)
-	if fi, err := r.fs.Stat(lp); err == nil && fi.IsDir() {
+	fi, err := r.fs.Stat(lp)
+	if err == nil && fi.IsDir() {
 		return fmt.Errorf("runstate: %s is a directory, not a ledger: move it away", lp)
 	}
+	existed := err == nil
 	f, err := r.fs.OpenFile(lp, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("runstate: open %s: %w", lp, err)
 	}
 	r.ledger = f
+	if r.ids.ledger, err = idOf(f); err != nil {
+		return fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
 
-	st, fromSnapshot, err := loadState(r.fs, r.dir, f)
+	st, fromSnapshot, err := loadState(r.fs, r.abs, f)
 	if err != nil {
 		return err
 	}
@@ -261,9 +309,12 @@ func (r *Run) open() error {
 		if err := r.openJournal(); err != nil {
 			return err
 		}
+		if r.ids.wal, err = idOf(r.wal.f); err != nil {
+			return fmt.Errorf("runstate: stat %s: %w", r.path(walFile), err)
+		}
 	}
 	// Records a machine crash kept out of the ledger (see wal.go).
-	tail, saved, err := restoreJournal(r.fs, r.dir, r.sessionOrNone(), f, st.pos)
+	tail, saved, err := restoreJournal(r.fs, r.abs, r.sessionOrNone(), f, st.pos)
 	if err != nil {
 		return err
 	}
@@ -275,11 +326,19 @@ func (r *Run) open() error {
 		r.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
 			"ledger", lp, "journal", r.path(walFile), "seq", fmt.Sprintf("%d-%d", from, st.pos.seq), "torn_saved", saved)
 	}
+	if st.pos.seq == 0 {
+		// Before cutTorn: a first line that does not parse may be all
+		// that is left of a run (refuseReplace).
+		if err := r.refuseReplace(existed); err != nil {
+			return err
+		}
+	}
 	if err := r.cutTorn(); err != nil {
 		return err
 	}
 	var recs []*Record
-	if st.pos.seq == 0 {
+	creating := st.pos.seq == 0
+	if creating {
 		if r.opts.Request == "" {
 			return fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.dir)
 		}
@@ -300,10 +359,15 @@ func (r *Run) open() error {
 		return err
 	}
 	r.session = sid.String()
-	if err := r.holdSession(); err != nil {
-		return err
+	r.host, _ = os.Hostname()
+	if !creating {
+		// A new run takes its session lock once its create record is
+		// written (below): a creator killed before that leaves no file
+		// that refuseReplace would take for a run's.
+		if err := r.holdSession(); err != nil {
+			return err
+		}
 	}
-	r.cleanStale()
 	gone := map[string]bool{}
 	for _, name := range st.stageNames() {
 		s := st.stages[name]
@@ -331,8 +395,7 @@ func (r *Run) open() error {
 				Error: "session " + e.Session + " died between the intent and a confirmation: Check, or a person, must say whether it landed"})
 		}
 	}
-	host, _ := os.Hostname()
-	data, _ := json.Marshal(openData{PID: os.Getpid(), Host: host, Revision: r.opts.Revision, Environment: r.opts.Environment})
+	data, _ := json.Marshal(openData{PID: os.Getpid(), Host: r.host, Revision: r.opts.Revision, Environment: r.opts.Environment})
 	recs = append(recs, &Record{Ev: evOpen, Data: data})
 	t := &tx{sync: st.pos.seq == 0, fn: func(*state) ([]*Record, error) { return recs, nil }}
 	r.stMu.Lock()
@@ -341,11 +404,19 @@ func (r *Run) open() error {
 	if t.err != nil {
 		return t.err
 	}
+	if creating {
+		if err := r.holdSession(); err != nil {
+			return err
+		}
+	}
+	// Only now that the sessions found dead are recorded as gone: their
+	// lock files are the proof (alive) until then.
+	r.cleanStale()
 	if t.sync && !r.opts.NoSync {
 		// A new run: make the names of the ledger, of logs/ and of the
 		// run directory durable too, or a power loss could drop the whole
 		// run although its create record was fsync'd.
-		for _, d := range []string{r.path("logs"), r.dir, filepath.Dir(filepath.Clean(r.dir))} {
+		for _, d := range []string{r.path("logs"), r.abs, filepath.Dir(r.abs)} {
 			if err := r.fs.SyncDir(d); err != nil {
 				return &WriteError{Path: d, Op: "sync", Err: err}
 			}
@@ -369,32 +440,8 @@ func (r *Run) holdSession() error {
 	if !ok {
 		return fmt.Errorf("runstate: lock %s: held by another process (a session id used twice?); open the run again", r.sesLock.Path())
 	}
+	openHere.Store(r.session, true)
 	return nil
-}
-
-// alive reports whether a session still holds its lock. The caller holds
-// the ledger lock, under which session lock files are created and removed.
-func (r *Run) alive(session string) bool {
-	if session == "" {
-		return false
-	}
-	if session == r.session {
-		return true
-	}
-	p := r.path(sessionsDir + "/" + session + ".lock")
-	if _, err := os.Stat(p); err != nil {
-		return false
-	}
-	l := flock.New(p, flock.SetFlag(os.O_RDWR))
-	ok, err := l.TryLock()
-	if err != nil {
-		return !isNotExist(err) // cannot tell: assume alive, the safe side
-	}
-	if ok {
-		l.Unlock()
-		return false
-	}
-	return true
 }
 
 // cleanStale removes the lock files of sessions that are gone and the temp
@@ -504,7 +551,7 @@ func (r *Run) cutTorn() error {
 		return &CorruptError{Path: r.path(ledgerFile), Line: int(r.st.pos.seq), Offset: size,
 			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", size, end)}
 	}
-	aside, err := saveTorn(r.fs, r.dir, r.sessionOrNone(), r.ledger, end, size, !r.opts.NoSync)
+	aside, err := saveTorn(r.fs, r.abs, r.sessionOrNone(), r.ledger, end, size, !r.opts.NoSync)
 	if err != nil {
 		return err
 	}
@@ -541,6 +588,14 @@ type tx struct {
 	flush bool
 	// began: when the attempt this transaction ends began (commitEnd).
 	began time.Time
+	// ctx bounds the caller's wait (nil: Options.LockTimeout); claim
+	// is txQueued until the leader takes the transaction (txClaimed) or
+	// its caller gives up waiting (txWithdrawn): see await.
+	ctx   context.Context
+	claim atomic.Int32
+	// last: Close's transaction, the close record: the batch that
+	// writes it also rewrites the manifest and fdatasyncs the ledger.
+	last bool
 }
 
 // handoffLag is how long, at most, logs/next-steps.txt may lag the ledger
@@ -572,6 +627,12 @@ func (r *Run) commit(sync bool, fn func(*state) ([]*Record, error)) ([]*Record, 
 	return r.commitTx(&tx{fn: fn, sync: sync})
 }
 
+// commitCtx is commit for a call whose wait for the ledger lock ctx
+// bounds.
+func (r *Run) commitCtx(ctx context.Context, sync bool, fn func(*state) ([]*Record, error)) ([]*Record, error) {
+	return r.commitTx(&tx{fn: fn, sync: sync, ctx: ctx})
+}
+
 // commitEnd commits, with an fsync, the record that ends st's attempt
 // (complete, fail, await), noting how long the attempt ran for the group
 // commit (gatherBatch).
@@ -582,7 +643,7 @@ func (r *Run) commitEnd(st *Stage, fn func(*state) ([]*Record, error)) ([]*Recor
 func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	t.done = make(chan struct{})
 	r.mu.Lock()
-	if r.closed {
+	if r.closed || (r.closeCalled && !t.last) {
 		r.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -607,15 +668,32 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	if r.leading && r.syncing && !t.sync && !r.sideWriting {
 		r.sideWrite()
 		r.mu.Unlock()
-		<-t.done
-		return t.recs, t.err
+		return r.await(t)
 	}
 	if r.leading {
 		r.mu.Unlock()
-		<-t.done
-		return t.recs, t.err
+		return r.await(t)
 	}
 	r.leading = true
+	if !r.lead(t) {
+		// Another process holds the ledger lock: a goroutine waits for
+		// it and leads from there; this caller waits as long as its
+		// context allows.
+		r.mu.Unlock()
+		return r.await(t)
+	}
+	r.leading = false
+	r.mu.Unlock()
+	<-t.done
+	return t.recs, t.err
+}
+
+// lead is the leader's loop: it takes batches from the queue until it is
+// empty. When another process holds the ledger lock, it hands the batch
+// and the leadership to a goroutine that waits for the lock (leadLater),
+// so that no caller waits longer than its context allows, and returns
+// false; r.leading stays set then. The caller holds r.mu, also on return.
+func (r *Run) lead(own *tx) bool {
 	for len(r.queue) > 0 {
 		// When the last batch woke other goroutines, yield once before
 		// taking this one: they are runnable, about to commit again
@@ -629,20 +707,78 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 		// the program's other goroutines keep every processor busy
 		// (cooperate).
 		if r.woke {
-			r.cooperate(t)
+			r.cooperate(own)
 		}
 		batch := r.queue
 		r.queue = nil
 		r.mu.Unlock()
-		r.runBatch(batch)
+		locked, err := r.lock.TryLock()
+		if err == nil && !locked {
+			go r.leadLater(batch)
+			r.mu.Lock()
+			return false
+		}
+		r.runLocked(batch, err)
 		r.mu.Lock()
-		r.woke = len(batch) > 1 || batch[0] != t
+		r.woke = len(batch) > 1 || batch[0] != own
 	}
-	r.leading = false
+	return true
+}
+
+// leadLater waits for the ledger lock, which another process holds, runs
+// batch and goes on leading. The long wait is logged with the holder.
+func (r *Run) leadLater(batch []*tx) {
+	r.runBatch(batch)
+	r.mu.Lock()
+	r.woke = len(batch) > 1
+	if r.lead(nil) {
+		r.leading = false
+	}
 	r.mu.Unlock()
+}
+
+// await waits for t's batch. A caller whose context ends (or, without
+// one, whose Options.LockTimeout runs out) before the leader took t
+// withdraws it and gets an error naming who holds the ledger lock; once
+// taken, t is written (or fails) within the batch, and await waits for
+// that. The caller holds no lock.
+func (r *Run) await(t *tx) ([]*Record, error) {
+	var stop <-chan struct{}
+	if t.ctx != nil {
+		stop = t.ctx.Done()
+	} else if r.opts.LockTimeout > 0 {
+		timer := time.NewTimer(r.opts.LockTimeout)
+		defer timer.Stop()
+		select {
+		case <-t.done:
+			return t.recs, t.err
+		case <-timer.C:
+		}
+		if t.claim.CompareAndSwap(txQueued, txWithdrawn) {
+			return nil, r.lockWaitError(ErrLockTimeout, r.opts.LockTimeout)
+		}
+	}
+	if stop != nil {
+		start := time.Now()
+		select {
+		case <-t.done:
+			return t.recs, t.err
+		case <-stop:
+		}
+		if t.claim.CompareAndSwap(txQueued, txWithdrawn) {
+			return nil, r.lockWaitError(ctxErr(t.ctx), time.Since(start))
+		}
+	}
 	<-t.done
 	return t.recs, t.err
 }
+
+// The states of tx.claim.
+const (
+	txQueued int32 = iota
+	txClaimed
+	txWithdrawn
+)
 
 // cooperate yields once and lets gatherBatch gather the next batch (see
 // commitTx), unless the processors are busy with other work. A yield
@@ -734,7 +870,13 @@ func (r *Run) gatherBatch(own *tx) {
 	}
 	r.queue = rest
 	r.mu.Unlock()
-	r.runBatch(begins)
+	if locked, err := r.lock.TryLock(); err != nil || !locked {
+		// Another process holds the ledger lock: lead waits for it.
+		r.mu.Lock()
+		r.queue = append(begins, r.queue...)
+		return
+	}
+	r.runLocked(begins, nil)
 	r.mu.Lock()
 	want := len(begins)
 	if slices.Contains(begins, own) {
@@ -855,20 +997,40 @@ func (r *Run) sideWrite() {
 
 // runBatch takes the ledger lock, catches up with other processes' appends,
 // and applies the batch.
-func (r *Run) runBatch(batch []*tx) {
+func (r *Run) runBatch(batch []*tx) { r.runLocked(batch, r.waitLock(context.Background())) }
+
+// runLocked is runBatch once the lock is taken (lockErr nil) or could
+// not be; it drops the lock.
+func (r *Run) runLocked(batch []*tx, lockErr error) {
 	fail := func(err error) {
 		for _, t := range batch {
 			t.err = err
 			close(t.done)
 		}
 	}
-	if err := r.lock.Lock(); err != nil {
-		fail(fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err))
+	if lockErr != nil {
+		fail(fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), lockErr))
 		return
 	}
 	defer r.lock.Unlock()
+	r.mu.Lock()
+	closed := r.closed
+	if !closed {
+		r.batches.Add(1) // Close waits for it before closing the files
+	}
+	r.mu.Unlock()
+	if closed {
+		fail(ErrClosed) // its callers gave up waiting; the files are closed
+		return
+	}
+	defer r.batches.Done()
 	r.stMu.Lock()
 	defer r.stMu.Unlock()
+	if err := r.checkFiles(batch); err != nil {
+		r.setSticky(err)
+		fail(err)
+		return
+	}
 	if err := r.catchUp(); err != nil {
 		r.setSticky(err)
 		fail(err)
@@ -876,6 +1038,9 @@ func (r *Run) runBatch(batch []*tx) {
 	}
 	r.apply(batch)
 	for _, t := range batch {
+		if t.last && t.err == nil {
+			t.err = r.finishClose()
+		}
 		if !t.released {
 			close(t.done)
 		}
@@ -945,6 +1110,9 @@ func (r *Run) writeBatch(batch []*tx) written {
 	startLen := r.st.lastLen
 	now := time.Now().UTC()
 	for _, t := range batch {
+		if !t.claim.CompareAndSwap(txQueued, txClaimed) {
+			continue // withdrawn: its caller gave up waiting (await)
+		}
 		w.flush = w.flush || t.flush
 		recs, err := t.decide(r.st)
 		if err != nil {
@@ -1074,7 +1242,7 @@ func (r *Run) apply(batch []*tx) {
 
 // reload rebuilds the state from the disk after a write that did not land.
 func (r *Run) reload(start chain, startLen int64) {
-	st, _, err := loadState(r.fs, r.dir, r.ledger)
+	st, _, err := loadState(r.fs, r.abs, r.ledger)
 	if err != nil || st.pos != start {
 		if err == nil {
 			err = fmt.Errorf("ledger ends at seq %d, want %d", st.pos.seq, start.seq)
@@ -1228,7 +1396,7 @@ func (r *Run) Refresh(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(false, func(*state) ([]*Record, error) { return nil, nil })
+	_, err := r.commitCtx(ctx, false, func(*state) ([]*Record, error) { return nil, nil })
 	return err
 }
 
@@ -1246,61 +1414,91 @@ func (r *Run) checkOpen() error {
 // alone holds every record, whatever logs/ledger.wal holds), and releases
 // the session's lock.
 // Stages this session began and did not end are left running; the next
-// session records them as interrupted. Close is idempotent: a second call
-// returns nil. Safe for concurrent use; calls racing Close get ErrClosed.
+// session records them as interrupted. Close waits for the batches under
+// way and writes one close record after theirs; calls that come after it
+// began get ErrClosed. It waits for logs/ledger.lock at most
+// Options.LockTimeout (zero: as long as it takes); when the close record
+// could not be written (that wait ran out, or the Run is read-only: then
+// Close returns its sticky error), the session is released as a killed
+// process's would be, and the next session finds it gone. Close is
+// idempotent: a later call, or one racing it, waits for the first and
+// returns nil. Safe for concurrent use.
 func (r *Run) Close() error {
 	r.mu.Lock()
-	if r.closed {
+	if r.closeCalled || r.closed {
+		done := r.closeDone // nil after crash: nothing to wait for
 		r.mu.Unlock()
+		if done != nil {
+			<-done
+		}
 		return nil
 	}
+	r.closeCalled = true
+	r.closeDone = make(chan struct{})
+	defer close(r.closeDone)
 	sticky := r.sticky
 	d := closeData{Skipped: r.skipped, Deduplicated: r.deduped}
 	r.mu.Unlock()
 	r.stopFlush(true) // the close record republishes the handoff
 	var err error
-	if sticky == nil {
-		_, err = r.commit(true, func(s *state) ([]*Record, error) {
+	if sticky != nil {
+		err = fmt.Errorf("%w: %w", ErrReadOnly, sticky)
+	} else {
+		_, err = r.commitTx(&tx{sync: true, last: true, fn: func(s *state) ([]*Record, error) {
 			if s.metrics.Sessions <= 1 {
 				d.Skipped = 0 // nothing to resume in the first session
 			}
 			data, _ := json.Marshal(d)
 			return []*Record{{Ev: evClose, Data: data}}, nil
-		})
-		if err == nil && r.lock.Lock() == nil {
-			r.stMu.Lock()
-			// Another process may have appended since the close record:
-			// catch up, so that an older manifest never replaces a newer one.
-			if r.catchUp() == nil {
-				r.writeManifest()
-			}
-			// The ledger alone holds every record from here on; the
-			// journal is needed after a machine crash only.
-			if serr := r.syncLedger(); serr != nil {
-				r.setSticky(serr)
-				err = serr
-			}
-			r.removeHandoff()
-			r.stMu.Unlock()
-			r.lock.Unlock()
-		}
+		}})
 	}
 	r.mu.Lock()
 	r.closed = true
+	// Transactions still queued (the close record's wait ran out behind
+	// another process's lock): their batch will not run now.
+	queued := r.queue
+	r.queue = nil
+	clean := err == nil && r.sticky == nil
 	r.mu.Unlock()
+	for _, t := range queued {
+		t.err = ErrClosed
+		close(t.done)
+	}
+	r.batches.Wait() // no batch has the files any more; none starts
 	r.removeHandoff()
-	r.release()
+	r.release(clean)
 	return err
 }
 
+// finishClose ends the batch that wrote the close record, under the
+// ledger lock: the manifest as of it, the ledger fdatasync'd (it alone
+// holds every record from here on; the journal is needed after a machine
+// crash only), the handoff files dropped. The caller holds the ledger
+// lock and stMu.
+func (r *Run) finishClose() error {
+	r.writeManifest()
+	if err := r.syncLedger(); err != nil {
+		r.setSticky(err)
+		return err
+	}
+	r.removeHandoff()
+	return nil
+}
+
 // release drops the session's lock and files. It is also what a killed
-// process's exit does, minus the close record.
-func (r *Run) release() {
+// process's exit does, minus the close record. With clean (a close record
+// was written) it removes the session's lock file; without, it leaves the
+// file unlocked, as a killed process would: a lock that can be taken
+// proves the session gone (alive), a missing one does not.
+func (r *Run) release(clean bool) {
 	if r.sesLock != nil {
+		openHere.Delete(r.session)
 		// Remove while holding the lock, so no other session sees the
 		// file unlocked and takes it for a dead session's (Windows cannot
 		// remove an open file; there the next Open cleans it up).
-		_ = os.Remove(r.sesLock.Path())
+		if clean {
+			_ = os.Remove(r.sesLock.Path())
+		}
 		r.sesLock.Unlock()
 	}
 	if r.ledger != nil {
@@ -1325,6 +1523,7 @@ func (r *Run) crash() {
 	r.mu.Unlock()
 	r.stopFlush(false) // crash may run inside a batch: do not wait for one
 	if r.sesLock != nil {
+		openHere.Delete(r.session)
 		r.sesLock.Unlock() // a killed process leaves its lock file behind
 	}
 	if r.ledger != nil {

@@ -107,7 +107,7 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		if slices.Equal(s.plan, stages) {
 			return nil, nil
 		}
@@ -313,7 +313,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		}
 		var fps map[string]string
 		var attempt int
-		_, err := r.commitTx(&tx{lazy: true, fn: func(s *state) ([]*Record, error) {
+		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
 				st = &StageStatus{Name: name, State: StatePending}
@@ -428,11 +428,7 @@ func (r *Run) rel(p string) (string, error) {
 		return "", fmt.Errorf("%w: output path %q is not valid UTF-8", ErrInvalid, p)
 	}
 	if filepath.IsAbs(p) {
-		abs, err := filepath.Abs(r.dir)
-		if err != nil {
-			return "", err
-		}
-		rel, err := filepath.Rel(abs, p)
+		rel, err := filepath.Rel(r.abs, p)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 			return "", fmt.Errorf("%w: output %s is outside the run directory %s", ErrInvalid, p, r.dir)
 		}
@@ -452,7 +448,16 @@ func (st *Stage) check() error {
 	if st.ended {
 		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
 	}
-	return nil
+	return st.run.checkOpen()
+}
+
+// closedOr returns ErrClosed for err when the Run was closed meanwhile (its
+// files are closed: that is why err happened), else err.
+func (st *Stage) closedOr(err error) error {
+	if cerr := st.run.checkOpen(); cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // WriteFile writes data to path inside the run directory atomically, so a
@@ -477,7 +482,7 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 		return err
 	}
 	if err := st.run.writeOutput(rel, data); err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	h := sha256.Sum256(data)
 	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
@@ -558,6 +563,9 @@ func (st *Stage) Output(path string) error {
 	// directory through a symbolic link (the file itself, or a directory
 	// on the way). A file that does not exist yet is checked at Complete.
 	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
+		if cerr := st.run.checkOpen(); cerr != nil {
+			return cerr
+		}
 		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
 	if !slices.Contains(st.declared, rel) {
@@ -602,7 +610,7 @@ func (st *Stage) Complete() error {
 	}
 	outs, err := st.collectOutputs()
 	if err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	now, err := st.run.gather(st.ev.list)
 	stale := ""
@@ -693,7 +701,7 @@ func (st *Stage) Await(reason string) error {
 	}
 	outs, err := st.collectOutputs()
 	if err != nil {
-		return err
+		return st.closedOr(err)
 	}
 	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		if _, err := st.running(s); err != nil {
@@ -718,7 +726,7 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		st := s.stages[name]
 		if st != nil {
 			if done(st.State) {
@@ -793,7 +801,7 @@ func (r *Run) Approve(ctx context.Context, stage, by, note string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		st := s.stages[stage]
 		if st == nil || st.State != StateAwaiting {
 			state := "unknown to the run"
@@ -823,7 +831,7 @@ func (r *Run) Invalidate(ctx context.Context, stage, reason string) error {
 		return err
 	}
 	by := operator()
-	_, err := r.commit(true, func(s *state) ([]*Record, error) {
+	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		if s.stages[stage] == nil {
 			return nil, fmt.Errorf("%w: %s is unknown to the run", ErrInvalid, stage)
 		}

@@ -12,7 +12,9 @@
 // takes -json for a stable machine-readable shape. The operator commands
 // (approve, invalidate, resolve) append one ledger record each, through the
 // library, exactly as the agent's own calls would. repair cuts a torn
-// ledger tail and rebuilds the projections.
+// ledger tail and rebuilds the projections. The writing commands wait for
+// the ledger lock at most -timeout (30s by default); when they give up they
+// say which process holds it.
 //
 // Exit status: 0 when all is well; 1 when a check failed or the command
 // could not do what was asked; 2 for a usage error; 3 when status finds

@@ -9,13 +9,14 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"time"
 
 	"github.com/runstate/runstate"
 )
 
 var approveCmd = &command{
 	name:     "approve",
-	synopsis: "DIR STAGE -by NAME [-note TEXT]",
+	synopsis: "DIR STAGE -by NAME [-note TEXT] [-timeout D]",
 	short:    "clear a stage that awaits a person (a review, or a failure)",
 	long: `Approve records that the person NAME cleared STAGE, which awaits a
 person: a review (the stage's attempt ended with Await) becomes complete; a
@@ -28,6 +29,7 @@ person.`,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		by := fs.String("by", "", "`NAME` of who approves (required)")
 		note := fs.String("note", "", "`TEXT`: why, or what was checked")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*by) == "" {
 				return c.usageError("approve", "-by NAME is required")
@@ -42,7 +44,7 @@ person.`,
 				}
 				return nil
 			}
-			return c.operate(args[0], check, func(ctx context.Context, r *runstate.Run) (string, error) {
+			return c.operate(args[0], *timeout, check, func(ctx context.Context, r *runstate.Run) (string, error) {
 				return fmt.Sprintf("approved stage %s (by %s)", args[1], *by), r.Approve(ctx, args[1], *by, *note)
 			})
 		}
@@ -51,7 +53,7 @@ person.`,
 
 var invalidateCmd = &command{
 	name:     "invalidate",
-	synopsis: "DIR STAGE -reason TEXT",
+	synopsis: "DIR STAGE -reason TEXT [-timeout D]",
 	short:    "force a stage (and the stages after it) to be redone",
 	long: `Invalidate records that STAGE's result no longer counts, with the reason
 and the operating-system user who asked: the next run of the pipeline redoes
@@ -61,6 +63,7 @@ command returns.`,
 	min: 2, max: 2,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		reason := fs.String("reason", "", "`TEXT`: why the stage must be redone (required)")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*reason) == "" {
 				return c.usageError("invalidate", "-reason TEXT is required")
@@ -71,7 +74,7 @@ command returns.`,
 				}
 				return nil
 			}
-			return c.operate(args[0], check, func(ctx context.Context, r *runstate.Run) (string, error) {
+			return c.operate(args[0], *timeout, check, func(ctx context.Context, r *runstate.Run) (string, error) {
 				return "invalidated stage " + args[1], r.Invalidate(ctx, args[1], *reason)
 			})
 		}
@@ -80,7 +83,7 @@ command returns.`,
 
 var resolveCmd = &command{
 	name:     "resolve",
-	synopsis: "DIR KEY (-sent RECEIPT | -not-sent) -by NAME [-note TEXT]",
+	synopsis: "DIR KEY (-sent RECEIPT | -not-sent) -by NAME [-note TEXT] [-timeout D]",
 	short:    "settle a side effect whose outcome is unknown",
 	long: `Resolve records a person's decision on the side effect KEY, whose outcome
 is unknown (unconfirmed, or an intent whose session died): -sent RECEIPT
@@ -95,6 +98,7 @@ the command returns. Exit status 1 when KEY is not awaiting a decision.`,
 		notSent := fs.Bool("not-sent", false, "the effect did not happen: it may be sent again")
 		by := fs.String("by", "", "`NAME` of who decided (required)")
 		note := fs.String("note", "", "`TEXT`: how it was checked")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			sentSet := false
 			fs.Visit(func(f *flag.Flag) { sentSet = sentSet || f.Name == "sent" })
@@ -122,7 +126,7 @@ the command returns. Exit status 1 when KEY is not awaiting a decision.`,
 				}
 				return fmt.Errorf("effect %s is unknown to the run in %s", args[1], args[0])
 			}
-			return c.operate(args[0], check, func(ctx context.Context, r *runstate.Run) (string, error) {
+			return c.operate(args[0], *timeout, check, func(ctx context.Context, r *runstate.Run) (string, error) {
 				return what + " (by " + *by + ")", r.Resolve(ctx, args[1], res)
 			})
 		}
@@ -139,12 +143,22 @@ func receipt(s string) json.RawMessage {
 	return b
 }
 
-// operate opens the run in dir, calls fn, and closes the session. fn
-// returns what it did, for the message on success. The run must exist:
-// check looks at its status first, so that a request the library would
-// refuse is refused without opening a session (the library checks again,
-// under the lock, and decides).
-func (c *cli) operate(dir string, check func(*runstate.Status) error, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+// defaultTimeout is how long a writing command waits for the ledger lock
+// unless -timeout says otherwise.
+const defaultTimeout = 30 * time.Second
+
+// timeoutFlag defines -timeout on a writing command's flags.
+func timeoutFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("timeout", defaultTimeout, "how long to wait for the ledger lock, which a running session holds for each append (0: for ever); on timeout the command says which process holds it")
+}
+
+// operate opens the run in dir, calls fn, and closes the session, waiting
+// at most timeout for the ledger lock at each step. fn returns what it did,
+// for the message on success. The run must exist: check looks at its
+// status first, so that a request the library would refuse is refused
+// without opening a session (the library checks again, under the lock,
+// and decides).
+func (c *cli) operate(dir string, timeout time.Duration, check func(*runstate.Status) error, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
 	// Inspect first: Open would create a run directory that is not there.
 	st, err := runstate.Inspect(dir)
 	if err != nil {
@@ -155,10 +169,15 @@ func (c *cli) operate(dir string, check func(*runstate.Status) error, fn func(ct
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	// Open with the run's own revision and environment: the status
 	// reports those of the last session that opened, and an operator's
 	// session should not change them.
-	r, err := runstate.Open(dir, &runstate.Options{Revision: st.Revision, Environment: st.Environment})
+	r, err := runstate.Open(dir, &runstate.Options{Revision: st.Revision, Environment: st.Environment, LockTimeout: timeout})
 	if err != nil {
 		return c.fail(err)
 	}
@@ -179,7 +198,7 @@ func (c *cli) operate(dir string, check func(*runstate.Status) error, fn func(ct
 
 var repairCmd = &command{
 	name:     "repair",
-	synopsis: "[-truncate-at LINE [-force]] [-json] DIR",
+	synopsis: "[-truncate-at LINE [-force]] [-json] [-timeout D] DIR",
 	short:    "cut a torn ledger tail (kept aside) and rebuild the projections",
 	long: `Repair takes the ledger lock and puts the run in DIR back in a state every
 reader and writer accepts:
@@ -210,7 +229,9 @@ With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 		fs.IntVar(&o.TruncateAt, "truncate-at", 0, "cut the ledger at the start of `LINE` (a backup of the whole ledger is kept)")
 		fs.BoolVar(&o.Force, "force", false, "with -truncate-at: cut even a ledger without damage at or after LINE")
 		asJSON := fs.Bool("json", false, "print JSON")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
+			o.LockTimeout = *timeout
 			if o.TruncateAt < 0 {
 				return c.usageError("repair", "-truncate-at must be a line number, 2 or more")
 			}

@@ -1,0 +1,91 @@
+package runstate
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"slices"
+)
+
+// fileIDs are the files a session appends to, as it opened them: the
+// ledger and the journal. Under the ledger lock, checkFiles looks
+// whether their names still lead to them: a ledger or a
+// journal deleted, renamed or replaced under a session (by a person, a
+// backup tool, a sync client) would otherwise take its appends and
+// fdatasyncs into a file nobody reads again, and records acknowledged
+// after that would be lost.
+type fileIDs struct {
+	ledger, wal fileID
+}
+
+// fileID identifies an open file: device and inode where the system has
+// them (statx on Linux: it asks for no times, so it does not make the next
+// append update the inode's times, which a stat would since Linux 6.13:
+// see fileSize), or the FileInfo for os.SameFile. The zero fileID (a file
+// of a test's file system) is not checked.
+type fileID struct {
+	dev, ino uint64
+	fi       fs.FileInfo
+}
+
+// errReplaced is what checkFiles reports for a file that is not the one
+// the session has open.
+var errReplaced = errors.New("it is no longer the file this session opened (deleted, renamed or replaced?)")
+
+// checkFiles reports, as a sticky WriteError naming the file, a ledger or
+// journal whose path no longer leads to the file the session appends to.
+// It runs before every batch that acknowledges a record durably (one that
+// asks for an fsync: a Complete, an Effect's intent, a Close ...), under
+// the ledger lock, before anything is written: a statx (or lstat) of each
+// file. A batch of begins alone, which acknowledges nothing durably, is not
+// checked: the complete after it is.
+func (r *Run) checkFiles(batch []*tx) error {
+	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
+		return nil
+	}
+	if err := r.checkFile(ledgerFile, r.ids.ledger); err != nil {
+		return err
+	}
+	if r.wal.f != nil {
+		return r.checkFile(walFile, r.ids.wal)
+	}
+	return nil
+}
+
+func (r *Run) checkFile(rel string, id fileID) error {
+	if id == (fileID{}) {
+		return nil
+	}
+	p := r.path(rel)
+	same, err := r.pathIs(rel, id)
+	if err == nil && same {
+		return nil
+	}
+	if err == nil || isNotExist(err) {
+		err = errReplaced
+	}
+	return &WriteError{Path: p, Op: "check", Sticky: true, Err: err}
+}
+
+// statFileID is fileID by Stat, for os.SameFile.
+func statFileID(f file) (fileID, error) {
+	of, ok := f.(osFile)
+	if !ok {
+		return fileID{}, nil
+	}
+	fi, err := of.Stat()
+	if err != nil {
+		return fileID{}, err
+	}
+	return fileID{fi: fi}, nil
+}
+
+// lstatIs reports whether path, not followed if it is a link, is the
+// file id was taken from (statFileID).
+func lstatIs(path string, id fileID) (bool, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fi, id.fi), nil
+}
