@@ -717,6 +717,10 @@ func TestRepairMidFile(t *testing.T) {
 	// Cut at the edited line itself: the chain cannot tell which of the two
 	// lines was edited, so the operator may drop both.
 	res = runCLI(t, "repair", "-truncate-at", fmt.Sprint(n), dir)
+	assert.Equal(t, 1, res.code, "the cut drops records manifest.json shows were acknowledged")
+	assert.Contains(t, res.err, "would drop acknowledged records")
+	assert.Equal(t, before, tree(t, dir), "a refused repair changed files")
+	res = runCLI(t, "repair", "-truncate-at", fmt.Sprint(n), "-force", dir)
 	assert.Equal(t, 0, res.code, res.err)
 	bak, err := filepath.Glob(ledgerPath(dir) + ".bak-*")
 	require.NoError(t, err)
