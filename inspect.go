@@ -187,9 +187,12 @@ func Verify(dir string) (*Report, error) {
 	if len(j.tail) > 0 {
 		from, to := j.seqs()
 		what := fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, to, walFile)
-		if size > j.at {
-			what = fmt.Sprintf("bytes %d-%d are missing or damaged (a power loss hit what was not yet fdatasync'd); acknowledged records seq %d-%d there are whole in %s",
-				j.at, min(size, j.at+int64(len(j.tail))), from, to, walFile)
+		switch {
+		case j.damage != nil:
+			what = fmt.Sprintf("bytes %d-%d are damaged (%v; a power loss hits what was not yet fdatasync'd), but acknowledged records seq %d-%d there are whole in %s",
+				j.at, min(size, j.at+int64(len(j.tail))), j.damage.Err, from, to, walFile)
+		case j.torn >= 0:
+			rep.Problems = append(rep.Problems, tornProblem(lp, from, j.torn, size-j.torn))
 		}
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: j.at, What: what,
 			Fix: "the next Open, or 'runstate repair DIR', copies them into the ledger"})
@@ -207,9 +210,7 @@ func Verify(dir string) (*Report, error) {
 		return nil, err
 	}
 	if torn >= 0 {
-		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(st.pos.seq + 1), Offset: torn,
-			What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", size-torn),
-			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
+		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn))
 	}
 	if st.pos.seq == 0 {
 		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
@@ -246,6 +247,13 @@ func Verify(dir string) (*Report, error) {
 			Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
 	}
 	return rep, nil
+}
+
+// tornProblem is Verify's problem for a torn last line of n bytes at off.
+func tornProblem(lp string, line, off, n int64) Problem {
+	return Problem{File: lp, Line: int(line), Offset: off,
+		What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", n),
+		Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"}
 }
 
 // nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its

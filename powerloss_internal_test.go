@@ -129,7 +129,7 @@ func TestPowerLossZeroedPageRestoredFromJournal(t *testing.T) {
 	rep, err := Verify(dir)
 	require.NoError(t, err)
 	require.False(t, rep.OK())
-	assert.Contains(t, rep.Problems[0].What, "are missing or damaged")
+	assert.Contains(t, rep.Problems[0].What, "are damaged (")
 	assert.Contains(t, rep.Problems[0].What, "whole in logs/ledger.wal")
 	assert.LessOrEqual(t, rep.Problems[0].Offset, page, "the restore starts at the last whole record before the hole")
 	assert.Contains(t, rep.Problems[0].Fix, "the next Open")

@@ -478,10 +478,14 @@ func continues(path string, data []byte, pos chain, m walMark) bool {
 }
 
 // restored is what replayJournal read from the journal in place of the
-// ledger: tail, the records that stand for the ledger's bytes from at on.
+// ledger: tail, the records that stand for the ledger's bytes from at on,
+// and how the ledger's own chain stopped there: at a torn tail (torn, its
+// offset; else -1), at damage (damage), or at its end.
 type restored struct {
-	at   int64
-	tail []byte
+	at     int64
+	tail   []byte
+	torn   int64
+	damage *CorruptError
 }
 
 // replayJournal is replay of the ledger f, size bytes long, from c on,
@@ -512,7 +516,7 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 	case len(tail) == 0:
 		return tornAt, j, err
 	}
-	j = restored{at: c.offset, tail: tail}
+	j = restored{at: c.offset, tail: tail, torn: tornAt, damage: ce}
 	if _, err := replay(bytes.NewReader(tail), filepath.Join(dir, filepath.FromSlash(walFile)), c, apply); err != nil {
 		return -1, restored{}, err // cannot be: journalTail checked the chain
 	}
