@@ -352,6 +352,13 @@ func TestStatusMidRun(t *testing.T) {
 	dir, r := newRun(t)
 	_, err := r.Begin(context.Background(), "execute", runstate.After("plan"))
 	require.NoError(t, err)
+	// The session republishes the handoff once the stage has run a
+	// little (the library's handoffLag); status must not see that as
+	// its own write, on a loaded machine too: wait for it first.
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+		return strings.Contains(string(b), "execute (running")
+	}, 10*time.Second, time.Millisecond)
 
 	res := readCLI(t, dir, "status", dir)
 	assert.Equal(t, 0, res.code, "a live session's running stage blocks nothing: %s", res.out)
