@@ -70,35 +70,46 @@ func TestHandoffLagsByBeginsOnly(t *testing.T) {
 	r := openCounted(t, dir, c, Options{ManifestInterval: -1}) // only the handoff lags
 	require.NoError(t, r.Plan(ctx, "short", "short2", "long"))
 	require.NoError(t, smallDo(ctx, r, "short"))
-	h0 := c.handoffs.Load()
+	// Every handoff rewrite is a complete's or the lag timer's: on a
+	// loaded machine a "short" stage may outlast handoffLag, and the
+	// timer then rewrites it too (counted in lagFlushes).
+	lags := r.lagFlushes.Load
+	h0, l0 := c.handoffs.Load(), lags()
 
 	// A short stage: one handoff rewrite, by its complete.
 	require.NoError(t, smallDo(ctx, r, "short2"))
-	assert.Equal(t, h0+1, c.handoffs.Load(), "a Do rewrites the handoff once")
+	assert.Equal(t, h0+1+lags()-l0, c.handoffs.Load(), "a Do rewrites the handoff once (and the timer, if it outlasted handoffLag)")
 
 	// A long stage: the timer shows it running.
+	l1 := lags()
 	st, err := r.Begin(ctx, "long")
 	require.NoError(t, err)
-	assert.Equal(t, h0+1, c.handoffs.Load(), "Begin does not rewrite the handoff at once")
-	require.Eventually(t, func() bool { return r.lagFlushes.Load() == 1 }, 5*time.Second, time.Millisecond)
-	assert.Equal(t, h0+2, c.handoffs.Load())
+	assert.Equal(t, h0+1+lags()-l0, c.handoffs.Load(), "Begin does not rewrite the handoff at once")
+	require.Eventually(t, func() bool { return lags() == l1+1 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, h0+1+lags()-l0, c.handoffs.Load())
 	seq, text := readHandoff(t, dir)
 	assert.Equal(t, r.st.pos.seq, seq)
 	assert.Contains(t, text, "next:     long (running, attempt 1)")
 	require.NoError(t, st.Complete())
-	assert.Equal(t, h0+3, c.handoffs.Load())
+	assert.Equal(t, h0+2+lags()-l0, c.handoffs.Load())
 
-	// Killed right after a Begin: the handoff lags by the begin, and
-	// Verify says nothing about it.
+	// Killed right after a Begin: the handoff lags by the begin (unless
+	// the timer ran first), and Verify says nothing about it.
+	l2 := lags()
 	_, err = r.Begin(ctx, "killed")
 	require.NoError(t, err)
 	r.crash()
+	l3 := lags()
 	time.Sleep(2 * handoffLag)
-	assert.Equal(t, int64(1), r.lagFlushes.Load(), "no republishing after the process died")
+	assert.Equal(t, l3, lags(), "no republishing after the process died")
 	seq, _ = readHandoff(t, dir)
 	rep, err := Verify(dir)
 	require.NoError(t, err)
-	assert.Equal(t, rep.Records-1, seq, "the handoff lags by the begin")
+	if l3 == l2 {
+		assert.Equal(t, rep.Records-1, seq, "the handoff lags by the begin")
+	} else {
+		assert.Equal(t, rep.Records, seq, "the timer ran before the crash: the handoff shows the begin")
+	}
 	assert.True(t, rep.OK(), "%v", rep.Problems)
 
 	// A handoff behind a complete is a problem.

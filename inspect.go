@@ -2,7 +2,6 @@ package runstate
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -69,7 +68,9 @@ func readOnly(dir string) (*state, int64, error) {
 		return nil, 0, err
 	}
 	defer f.Close()
-	st, _, err := loadState(osFS{}, dir, f)
+	// Records a machine crash kept out of the ledger, or damaged in it,
+	// are read from the journal (wal.go).
+	st, _, _, err := loadState(osFS{}, dir, f)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -77,15 +78,7 @@ func readOnly(dir string) (*state, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	torn := fi.Size() - st.pos.offset
-	// Records a machine crash kept out of the ledger (wal.go).
-	tail, err := journalTail(osFS{}, dir, st.pos)
-	if err == nil {
-		err = st.applyTail(tail, filepath.Join(dir, filepath.FromSlash(walFile)))
-	}
-	if err != nil {
-		return nil, 0, err
-	}
+	torn := max(0, fi.Size()-st.pos.offset)
 	if st.pos.seq == 0 {
 		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
 	}
@@ -113,14 +106,11 @@ func ReadLedger(dir string, fn func(*Record) error) error {
 		rc := *rec // replay reuses rec; fn may keep it
 		return fn(&rc)
 	}
-	if _, err = replay(f, lp, &c, each); err != nil {
-		return err
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
-	tail, err := journalTail(osFS{}, dir, c)
-	if err != nil || len(tail) == 0 {
-		return err
-	}
-	_, err = replay(bytes.NewReader(tail), filepath.Join(dir, filepath.FromSlash(walFile)), &c, each)
+	_, _, err = replayJournal(osFS{}, dir, f, fi.Size(), &c, each)
 	return err
 }
 
@@ -187,7 +177,26 @@ func Verify(dir string) (*Report, error) {
 		}
 		return nil
 	}
-	torn, err := replay(f, lp, &st.pos, each)
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	size := fi.Size()
+	wp := filepath.Join(dir, filepath.FromSlash(walFile))
+	torn, j, err := replayJournal(osFS{}, dir, f, size, &st.pos, each)
+	if len(j.tail) > 0 {
+		from, to := j.seqs()
+		what := fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, to, walFile)
+		switch {
+		case j.damage != nil:
+			what = fmt.Sprintf("bytes %d-%d are damaged (%v; a power loss hits what was not yet fdatasync'd), but acknowledged records seq %d-%d there are whole in %s",
+				j.at, min(size, j.at+int64(len(j.tail))), j.damage.Err, from, to, walFile)
+		case j.torn >= 0:
+			rep.Problems = append(rep.Problems, tornProblem(lp, from, j.torn, size-j.torn))
+		}
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: j.at, What: what,
+			Fix: "the next Open, or 'runstate repair DIR', copies them into the ledger"})
+	}
 	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
 	var ce *CorruptError
 	switch {
@@ -195,27 +204,13 @@ func Verify(dir string) (*Report, error) {
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
 			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce)})
 		return rep, nil
+	case errors.As(err, new(journalError)):
+		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
 	case err != nil:
 		return nil, err
 	}
 	if torn >= 0 {
-		fi, _ := f.Stat()
-		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(st.pos.seq + 1), Offset: torn,
-			What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", fi.Size()-torn),
-			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
-	}
-	wp := filepath.Join(dir, filepath.FromSlash(walFile))
-	tail, err := journalTail(osFS{}, dir, st.pos)
-	if err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
-	} else if len(tail) > 0 {
-		from := st.pos.seq + 1
-		if _, err := replay(bytes.NewReader(tail), wp, &st.pos, each); err != nil {
-			return nil, err // cannot be: journalTail checked the chain
-		}
-		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: rep.Bytes,
-			What: fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, st.pos.seq, walFile),
-			Fix:  "the next Open, or 'runstate repair DIR', copies them into the ledger"})
+		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn))
 	}
 	if st.pos.seq == 0 {
 		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
@@ -252,6 +247,13 @@ func Verify(dir string) (*Report, error) {
 			Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
 	}
 	return rep, nil
+}
+
+// tornProblem is Verify's problem for a torn last line of n bytes at off.
+func tornProblem(lp string, line, off, n int64) Problem {
+	return Problem{File: lp, Line: int(line), Offset: off,
+		What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", n),
+		Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"}
 }
 
 // nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its

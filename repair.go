@@ -23,12 +23,17 @@ type RepairOptions struct {
 	// the ledger, which Repair otherwise refuses to touch. It is refused
 	// when the ledger has no damage at or after that line (unless Force),
 	// when the damage is before that line (cutting there would keep it),
-	// at line 1 (no run would be left), and while a session is open on the
-	// run (it would write after records that no longer exist).
+	// at line 1 (no run would be left), while a session is open on the
+	// run (it would write after records that no longer exist), and when it
+	// would drop records that logs/ledger.wal or manifest.json shows were
+	// acknowledged (unless Force). Records that a power loss damaged in
+	// the ledger and the journal holds whole are copied back first, as
+	// Open would, so a cut never drops them.
 	TruncateAt int
 
 	// Force lets TruncateAt cut a ledger that has no damage at or after the
-	// line: acknowledged, healthy records are dropped (the backup keeps
+	// line, or drop records that the journal or manifest.json shows were
+	// acknowledged: acknowledged records are dropped (the backup keeps
 	// them). It never lets a cut keep damage.
 	Force bool
 
@@ -142,6 +147,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		size   int64
 		lineAt int64
 		tornAt int64
+		j      restored
 	)
 	scan := func() error {
 		fi, err := f.Stat()
@@ -149,7 +155,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 			return fmt.Errorf("runstate: stat %s: %w", lp, err)
 		}
 		size, c, lineAt = fi.Size(), chain{}, -1
-		tornAt, err = replay(io.NewSectionReader(f, 0, size), lp, &c, func(rec *Record, _ []byte) error {
+		tornAt, j, err = replayJournal(fsys, dir, f, size, &c, func(rec *Record, _ []byte) error {
 			if rec.Seq == int64(o.TruncateAt) {
 				lineAt = c.offset // c is still at the record before this one
 			}
@@ -158,21 +164,20 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		return err
 	}
 	err = scan()
-	if err == nil {
-		// Records a machine crash left only in the journal (wal.go):
-		// copy them in first; a torn tail they replace is saved aside.
-		tail, saved, rerr := restoreJournal(fsys, dir, "repair", f, c)
+	if len(j.tail) > 0 && (err == nil || o.TruncateAt > 0) {
+		// Records a machine crash left only in the journal (wal.go), or
+		// damaged in the ledger's unsynced part: copy them in first,
+		// before any cut; the bytes they replace are saved aside.
+		saved, rerr := restoreJournal(fsys, dir, "repair", f, j)
 		if rerr != nil {
 			return nil, rerr
 		}
-		if len(tail) > 0 {
-			from := c.seq
-			if saved != "" {
-				rep.TornBytes, rep.TornSaved = size-c.offset, saved
-			}
-			err = scan()
-			rep.Restored = c.seq - from
+		from, to := j.seqs()
+		if saved != "" {
+			rep.TornBytes, rep.TornSaved = min(size, j.at+int64(len(j.tail)))-j.at, saved
 		}
+		err = scan()
+		rep.Restored = to - from + 1
 	}
 	var ce *CorruptError
 	damageLine, damageOff := 0, int64(-1)
@@ -218,6 +223,9 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 			at = lineAt
 		default:
 			return nil, fmt.Errorf("%w: the ledger %s has %d records: there is no line %d to cut at", ErrInvalid, lp, c.seq, o.TruncateAt)
+		}
+		if err := keepsAcknowledged(fsys, dir, lp, o, at); err != nil {
+			return nil, err
 		}
 		if live := liveSessions(dir); len(live) > 0 {
 			return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before cutting acknowledged records",
@@ -350,4 +358,25 @@ func liveSessions(dir string) []string {
 		}
 	}
 	return live
+}
+
+// keepsAcknowledged refuses a TruncateAt cut at byte at that would drop
+// records that logs/ledger.wal (a header slot's seq) or manifest.json (the
+// seq it reflects) shows were made durable, and so may have been reported
+// to a caller as done, unless Force: a person must choose to drop them.
+func keepsAcknowledged(fsys fileSystem, dir, lp string, o RepairOptions, at int64) error {
+	if o.Force {
+		return nil
+	}
+	acked, by := acknowledged(fsys, dir), walFile
+	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
+		if s, _, err := decodeManifest(data); err == nil && s.pos.seq > acked {
+			acked, by = s.pos.seq, manifestFile
+		}
+	}
+	if acked < int64(o.TruncateAt) {
+		return nil
+	}
+	return fmt.Errorf("%w: cutting %s at line %d (byte %d) would drop acknowledged records seq %d-%d (%s shows they were made durable, and they may have been reported done to a caller): restore the ledger from a backup, or cut anyway with -force (Force; a copy of the whole ledger is kept)",
+		ErrInvalid, lp, o.TruncateAt, at, o.TruncateAt, acked, by)
 }

@@ -154,7 +154,7 @@ func TestRepairTruncateAt(t *testing.T) {
 	for _, at := range []int{6, 5, 3} { // at the damage, at the edited line, before both
 		dir, good := repairRun(t)
 		bad := editMiddle(t, dir, good)
-		rep, err := runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: at})
+		rep, err := runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: at, Force: true})
 		require.NoError(t, err, "at %d", at)
 		assert.Contains(t, rep.Damage, "line 6", "at %d", at)
 		assert.Equal(t, bad[:lineStart(bad, at)], readLedger(t, dir), "at %d", at)
@@ -167,6 +167,21 @@ func TestRepairTruncateAt(t *testing.T) {
 		assert.Equal(t, bad, backup, "the backup holds the whole ledger")
 		verifyOK(t, dir)
 	}
+}
+
+// A cut that would drop records manifest.json shows were acknowledged is
+// refused, saying which, unless Force: the records after the damage were
+// reported done to a caller, and only a person may choose to drop them.
+func TestRepairTruncateKeepsAcknowledged(t *testing.T) {
+	dir, good := repairRun(t)
+	bad := editMiddle(t, dir, good)
+	_, err := runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: 6})
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "would drop acknowledged records seq 6-8 (manifest.json shows")
+	assert.Contains(t, err.Error(), "-force")
+	assert.Equal(t, bad, readLedger(t, dir), "nothing cut")
+	baks, _ := filepath.Glob(ledgerOf(dir) + ".*")
+	assert.Empty(t, baks)
 }
 
 func TestRepairTruncateHealthyNeedsForce(t *testing.T) {

@@ -300,7 +300,10 @@ func (r *Run) open() error {
 		return fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 
-	st, fromSnapshot, err := loadState(r.fs, r.abs, f)
+	// Records a machine crash kept out of the ledger, or left damaged in
+	// its unsynced part, are read from the journal (see wal.go) before
+	// the ledger is judged, and written back before anything else.
+	st, fromSnapshot, restored, err := loadState(r.fs, r.abs, f)
 	if err != nil {
 		return err
 	}
@@ -313,18 +316,11 @@ func (r *Run) open() error {
 			return fmt.Errorf("runstate: stat %s: %w", r.path(walFile), err)
 		}
 	}
-	// Records a machine crash kept out of the ledger (see wal.go).
-	tail, saved, err := restoreJournal(r.fs, r.abs, r.sessionOrNone(), f, st.pos)
-	if err != nil {
+	if saved, err := restoreJournal(r.fs, r.abs, r.sessionOrNone(), f, restored); err != nil {
 		return err
-	}
-	if len(tail) > 0 {
-		from := st.pos.seq + 1
-		if err := st.applyTail(tail, r.path(walFile)); err != nil {
-			return err
-		}
+	} else if len(restored.tail) > 0 {
 		r.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
-			"ledger", lp, "journal", r.path(walFile), "seq", fmt.Sprintf("%d-%d", from, st.pos.seq), "torn_saved", saved)
+			"ledger", lp, "journal", r.path(walFile), "offset", restored.at, "bytes", len(restored.tail), "torn_saved", saved)
 	}
 	if st.pos.seq == 0 {
 		// Before cutTorn: a first line that does not parse may be all
@@ -487,30 +483,32 @@ func (r *Run) cleanStale() {
 // snapshot of this ledger (its last record is there, with the same hash),
 // then the records after it; otherwise by replaying the whole ledger.
 // A torn tail is not applied; the returned state's pos ends before it.
-func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot bool, err error) {
+// Records that only the journal holds (j) are applied where the ledger
+// lost them (replayJournal); the caller writes them back.
+func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot bool, j restored, err error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, false, fmt.Errorf("runstate: stat %s: %w", lp, err)
+		return nil, false, j, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	size := fi.Size()
 	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
-		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && snapshotHolds(f, pos) {
+		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && snapshotHolds(f, pos) && journalAgrees(fsys, dir, f, pos) {
 			st, fromSnapshot = s, true
 		}
 	}
 	if st == nil {
 		st = newState()
 	}
-	_, err = replay(io.NewSectionReader(f, st.pos.offset, size-st.pos.offset), lp, &st.pos, func(rec *Record, line []byte) error {
+	_, j, err = replayJournal(fsys, dir, f, size, &st.pos, func(rec *Record, line []byte) error {
 		st.apply(rec)
 		st.lastLen = int64(len(line) + 1)
 		return nil
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, false, j, err
 	}
-	return st, fromSnapshot, nil
+	return st, fromSnapshot, j, nil
 }
 
 // snapshotHolds reports whether the ledger has, at pos, the record the
@@ -1242,7 +1240,7 @@ func (r *Run) apply(batch []*tx) {
 
 // reload rebuilds the state from the disk after a write that did not land.
 func (r *Run) reload(start chain, startLen int64) {
-	st, _, err := loadState(r.fs, r.abs, r.ledger)
+	st, _, _, err := loadState(r.fs, r.abs, r.ledger)
 	if err != nil || st.pos != start {
 		if err == nil {
 			err = fmt.Errorf("ledger ends at seq %d, want %d", st.pos.seq, start.seq)

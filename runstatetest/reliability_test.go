@@ -34,7 +34,8 @@ type figures struct {
 	misfiled     int // effects not filed exactly once
 	unacked      int // interrupted: stages redone because their begin had no end
 	corrupted    int // corruptions injected into the middle of a ledger
-	detected     int // of them, reported by Verify and refused by Open
+	detected     int // of them, reported by Verify and refused by Open, or restored from the journal
+	restored     int // of those, in bytes logs/ledger.wal held whole: Open wrote them back
 	tornInjected int // torn last lines injected
 	tornCut      int // of them, cut by the next Open with nothing acknowledged lost
 
@@ -169,6 +170,7 @@ func TestReliabilityReport(t *testing.T) {
 	row("  acknowledged records lost", fmt.Sprintf("%d of %d", f.powerLossLost, f.powerLossAcked))
 	row("  Open clean and resumed correctly", fmt.Sprintf("%d / %d", f.powerLossOK, f.powerLoss))
 	row("injected corruptions detected / injected", fmt.Sprintf("%d / %d", f.detected, f.corrupted))
+	row("  of them in bytes the journal held whole, restored by Open", f.restored)
 	row("torn tails cut, nothing else lost / injected", fmt.Sprintf("%d / %d", f.tornCut, f.tornInjected))
 	t.Log("\n" + b.String())
 

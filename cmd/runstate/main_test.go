@@ -352,6 +352,13 @@ func TestStatusMidRun(t *testing.T) {
 	dir, r := newRun(t)
 	_, err := r.Begin(context.Background(), "execute", runstate.After("plan"))
 	require.NoError(t, err)
+	// The session republishes the handoff once the stage has run a
+	// little (the library's handoffLag); status must not see that as
+	// its own write, on a loaded machine too: wait for it first.
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+		return strings.Contains(string(b), "execute (running")
+	}, 10*time.Second, time.Millisecond)
 
 	res := readCLI(t, dir, "status", dir)
 	assert.Equal(t, 0, res.code, "a live session's running stage blocks nothing: %s", res.out)
@@ -717,6 +724,10 @@ func TestRepairMidFile(t *testing.T) {
 	// Cut at the edited line itself: the chain cannot tell which of the two
 	// lines was edited, so the operator may drop both.
 	res = runCLI(t, "repair", "-truncate-at", fmt.Sprint(n), dir)
+	assert.Equal(t, 1, res.code, "the cut drops records manifest.json shows were acknowledged")
+	assert.Contains(t, res.err, "would drop acknowledged records")
+	assert.Equal(t, before, tree(t, dir), "a refused repair changed files")
+	res = runCLI(t, "repair", "-truncate-at", fmt.Sprint(n), "-force", dir)
 	assert.Equal(t, 0, res.code, res.err)
 	bak, err := filepath.Glob(ledgerPath(dir) + ".bak-*")
 	require.NoError(t, err)

@@ -214,7 +214,10 @@ first copied to logs/ledger.jsonl.bak-<time>, and the ledger is cut at the
 start of LINE (the line 'runstate verify' advises), dropping it and every
 line after it. -truncate-at is refused when the damage is before LINE, at line 1,
 while a session has the run open, and, unless -force, when there is no
-damage at or after LINE (a healthy ledger).
+damage at or after LINE (a healthy ledger) or when the cut would drop records
+that logs/ledger.wal or manifest.json shows were acknowledged. Records a power
+loss damaged in the ledger that logs/ledger.wal holds whole are copied back
+first, so no cut drops them.
 
 Repair appends no ledger record: the files it leaves next to the ledger
 (torn-<time>, bak-<time>) are the trace of what it cut. Safe while sessions

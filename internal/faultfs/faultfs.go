@@ -9,7 +9,10 @@
 // synced after the name was created, renamed or removed (a file that
 // existed before the FS first saw it counts as durable, as it is); a
 // directory that MkdirAll created is durable once its parent was synced.
-// PowerLoss rewrites the disk to that durable state. Files that runstate
+// PowerLoss rewrites the disk to that durable state, or (PowerLoss with a
+// rand, PowerLossSectors) to one that keeps some of the rest: a prefix of
+// what a file grew by, or sector by sector what a disk may leave of
+// writes it was not asked to make durable. Files that runstate
 // writes without the seam (outputs through os.Root, lock files) are left
 // as they are, unless a directory above them was never made durable.
 package faultfs
@@ -365,6 +368,33 @@ func (f *FS) underNewDir(path string) bool {
 // the unsynced bytes instead of none, and each 512-byte sector overwritten
 // since the last sync keeps its old or its new bytes (rng picks).
 func (f *FS) PowerLoss(torn *rand.Rand) error {
+	if torn == nil {
+		return f.powerLoss(nil)
+	}
+	return f.powerLoss(func(synced, cur []byte) []byte { return tear(synced, cur, torn) })
+}
+
+// PowerLossSectors is PowerLoss under the whole model of what a disk may
+// do with writes it was never asked to make durable (the model
+// hashicorp/raft-wal states): each sector (sector bytes, 512 or 4096)
+// that holds bytes written since the file's last sync keeps them, loses
+// them, holds zeros there, or holds garbage there, in any order along the
+// file; rng picks, one in four each, so a seed reproduces a loss. A lost
+// sector of what the file grew by ends the file there (its new size never
+// reached the disk); a lost sector of bytes overwritten in place keeps
+// the old bytes. A hole, zeros or garbage followed by sectors that were
+// kept is what an fdatasync'd-later ledger may read as mid-file damage.
+// Bytes that were synced are never changed: a disk that loses those
+// breaks every log. A file cut shorter since its sync may keep its old
+// length (rng picks).
+func (f *FS) PowerLossSectors(rng *rand.Rand, sector int) error {
+	return f.powerLoss(func(synced, cur []byte) []byte { return shatter(synced, cur, rng, sector) })
+}
+
+// powerLoss is PowerLoss with damage choosing what is left of a file
+// whose durable content is synced and whose content now is cur; nil
+// damage leaves synced.
+func (f *FS) powerLoss(damage func(synced, cur []byte) []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
@@ -389,9 +419,9 @@ func (f *FS) PowerLoss(torn *rand.Rand) error {
 			continue
 		}
 		data := ino.synced
-		if torn != nil {
+		if damage != nil {
 			if cur, err := os.ReadFile(p); err == nil {
-				data = tear(data, cur, torn)
+				data = damage(data, cur)
 			}
 		}
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -453,6 +483,60 @@ func tear(synced, cur []byte, rng *rand.Rand) []byte {
 	}
 	if same && len(cur) > len(synced) {
 		out = cur[:len(synced)+rng.IntN(len(cur)-len(synced)+1)]
+	}
+	return out
+}
+
+// The fates of a sector of unsynced bytes (shatter).
+const (
+	sectorKept = iota
+	sectorLost
+	sectorZeroed
+	sectorGarbled
+)
+
+// shatter is what PowerLossSectors leaves of a file whose durable content
+// is synced and whose content now is cur: each sector of size sector
+// that holds bytes that differ from synced, or that the file grew by,
+// meets a fate rng picks for its unsynced bytes (kept, lost, zeroed,
+// garbled); synced bytes stay.
+func shatter(synced, cur []byte, rng *rand.Rand, sector int) []byte {
+	if sector <= 0 {
+		sector = 512
+	}
+	out := append([]byte(nil), cur...)
+	unsynced := func(i int) bool { return i >= len(synced) || cur[i] != synced[i] }
+	for s := 0; s < len(cur); s += sector {
+		e := min(s+sector, len(cur))
+		dirty := false
+		for i := s; i < e && !dirty; i++ {
+			dirty = unsynced(i)
+		}
+		if !dirty {
+			continue
+		}
+		fate := rng.IntN(4)
+		for i := s; i < e; i++ {
+			if !unsynced(i) {
+				continue
+			}
+			switch fate {
+			case sectorLost:
+				if i < len(synced) {
+					out[i] = synced[i]
+				}
+			case sectorZeroed:
+				out[i] = 0
+			case sectorGarbled:
+				out[i] = byte(rng.Uint32())
+			}
+		}
+		if fate == sectorLost && e > len(synced) {
+			return out[:max(s, len(synced))] // the new size never reached the disk
+		}
+	}
+	if len(cur) < len(synced) && rng.IntN(2) == 0 {
+		out = append(out, synced[len(cur):]...) // the cut never reached the disk
 	}
 	return out
 }
