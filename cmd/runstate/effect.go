@@ -74,6 +74,7 @@ type shellEffect struct {
 	argv          []string
 	check         string
 	errw          interface{ Write([]byte) (int, error) }
+	did, found    bool // Do ran; Check found the effect
 }
 
 func (e *shellEffect) env(full string) []string {
@@ -87,6 +88,7 @@ func (e *shellEffect) env(full string) []string {
 
 // do runs the command and returns its standard output as the receipt.
 func (e *shellEffect) do(ctx context.Context, full string) (json.RawMessage, error) {
+	e.did = true
 	out, res := e.capture(e.argv, full)
 	switch {
 	case res.err != nil:
@@ -109,6 +111,7 @@ func (e *shellEffect) checkFn(ctx context.Context, full string) (json.RawMessage
 	case res.err != nil:
 		return nil, false, fmt.Errorf("check %s: %w", quoteArg(e.check), res.err)
 	case res.code == 0:
+		e.found = true
 		return receipt(string(out)), true, nil
 	case res.code == 1:
 		return nil, false, nil
@@ -133,16 +136,24 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 	if e.check != "" {
 		eff.Check = e.checkFn
 	}
+	for _, es := range statusOf(r).Effects {
+		if es.Key == e.key && es.State == runstate.EffectConfirmed {
+			fmt.Fprintf(c.err, "runstate effect: %s: confirmed at seq %d: not sent again\n", e.key, es.Seq)
+		}
+	}
 	rec, err := r.Effect(context.Background(), e.key, eff)
 	switch {
 	case errors.Is(err, runstate.ErrBusy):
 		return c.failWith(exitBusy, err)
 	case errors.Is(err, runstate.ErrUnconfirmed):
-		return c.failWith(exitPerson, fmt.Errorf("%w; check the receiving system, then 'runstate resolve %s %s -sent RECEIPT -by NAME' (or -not-sent)", err, quoteArg(r.Dir()), quoteArg(e.key)))
+		return c.failWith(exitPerson, inDir(err, r.Dir()))
 	case errors.Is(err, runstate.ErrInvalid):
 		return c.failWith(exitUsage, err)
 	case err != nil:
 		return c.failWith(exitRunstate, err)
+	}
+	if e.found && !e.did {
+		fmt.Fprintf(c.err, "runstate effect: %s: the check found that it landed: confirmed, not sent again\n", e.key)
 	}
 	var b bytes.Buffer
 	if json.Compact(&b, rec) != nil {

@@ -76,7 +76,7 @@ func TestEffectAmbiguous(t *testing.T) {
 	kill("unknown", false)
 	r = effect("unknown", "exit 5")
 	assert.Equal(t, exitPerson, r.code, r.err)
-	assert.Contains(t, r.err, "runstate resolve "+dir+" unknown -sent RECEIPT -by NAME")
+	assert.Contains(t, r.err, "runstate resolve "+dir+" unknown -sent RECEIPT|-not-sent -by NAME")
 	r = effect("unknown", "")
 	assert.Equal(t, exitPerson, r.code, "no check: a person decides: %s", r.err)
 
