@@ -76,7 +76,7 @@ func TestExecForwardsSignals(t *testing.T) {
 			dir, work := shellRun(t, "slow")
 			ready, child := filepath.Join(work, "ready"), filepath.Join(work, "child")
 			// The shell waits on a child of its own: both must get the signal.
-			script := `trap 'echo got >> "$0"; exit 7' TERM INT; sh -c 'trap "echo child >> \"$0\"; exit 0" TERM INT; sleep 60 & wait' "$1" & echo $$ > "$2"; wait; wait`
+			script := `trap 'echo got >> "$0"; exit 7' INT; trap 'echo got >> "$0"; wait; exit 7' TERM; sh -c 'trap "echo child >> \"$0\"; exit 0" TERM INT; sleep 60 & wait' "$1" & echo $$ > "$2"; wait; wait`
 			b := startCLI(t, "exec", dir, "slow", "--", "sh", "-c", script, filepath.Join(work, "got"), child, ready)
 			pidIn(t, ready)
 			time.Sleep(200 * time.Millisecond) // let the inner shell set its trap
@@ -98,8 +98,9 @@ func TestExecForwardsSignals(t *testing.T) {
 	}
 }
 
-// What the command leaves running in its process group is killed when it
-// exits, so that exec does not wait for it (it holds the output pipes).
+// What the command leaves running in its process group is ended when it
+// exits (SIGTERM, then SIGKILL), so that exec does not wait for it (it
+// holds the output pipes).
 func TestExecKillsLeftovers(t *testing.T) {
 	dir, work := shellRun(t, "a")
 	pidFile := filepath.Join(work, "pid")

@@ -41,11 +41,15 @@ func (r procResult) how() string {
 // process the command started may still hold them).
 const drainWait = 2 * time.Second
 
+// groupGrace is how long what is left of the command's process group, once
+// the command has exited, has to end after SIGTERM before it is killed.
+const groupGrace = 500 * time.Millisecond
+
 // runProc runs p in a process group of its own whose leader dies with this
 // process (see setProcGroup), passes SIGINT and SIGTERM on to the group,
 // copies its output through pipes, and, once the command has exited,
-// kills what is left of its group, so that nothing it started keeps
-// running or holds the pipes.
+// ends what is left of its group (SIGTERM, then SIGKILL after groupGrace),
+// so that nothing it started keeps running or holds the pipes.
 func runProc(p proc) procResult {
 	cmd := exec.Command(p.argv[0], p.argv[1:]...)
 	cmd.Env = p.env

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 )
 
 // forwardSignals are the signals runProc passes on to the command.
@@ -38,11 +39,23 @@ func signalGroup(cmd *exec.Cmd, own bool, s os.Signal) {
 	}
 }
 
-// killGroup kills what is left of the command's own process group.
+// killGroup ends what is left of the command's own process group: SIGTERM,
+// then SIGKILL for what is still there after groupGrace.
 func killGroup(cmd *exec.Cmd, own bool) {
-	if own {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	if !own {
+		return
 	}
+	pg := -cmd.Process.Pid
+	if syscall.Kill(pg, 0) != nil {
+		return // nothing left: the usual case
+	}
+	_ = syscall.Kill(pg, syscall.SIGTERM)
+	for end := time.Now().Add(groupGrace); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if syscall.Kill(pg, 0) != nil {
+			return
+		}
+	}
+	_ = syscall.Kill(pg, syscall.SIGKILL)
 }
 
 // exitStatus is the command's exit status, 128+N when signal N killed it.
