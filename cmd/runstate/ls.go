@@ -153,13 +153,13 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		blocker := "-"
 		switch {
 		case r.Error != "":
-			blocker = oneLine(r.Error, 80)
+			blocker = oneLine(r.Error, 60)
 		case r.Blocker != nil:
 			what := r.Blocker.Stage
 			if what == "" {
 				what = "effect " + r.Blocker.Key
 			}
-			blocker = oneLine(what+" "+r.Blocker.Kind+": "+r.Blocker.Reason, 80)
+			blocker = oneLine(what+" "+r.Blocker.Kind+": "+r.Blocker.Reason, 60)
 		}
 		age := "-"
 		if !r.LastRecord.IsZero() {
