@@ -3,7 +3,10 @@
 package main
 
 import (
+	"bytes"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -110,4 +113,38 @@ func TestExecKillsLeftovers(t *testing.T) {
 	assert.Less(t, time.Since(start), 20*time.Second)
 	pid := pidIn(t, pidFile)
 	assert.Eventually(t, func() bool { return gone(pid) }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A closed standard output (runstate exec ... | head -1) neither kills exec
+// nor cuts what the stage keeps.
+func TestExecClosedStdout(t *testing.T) {
+	dir, _ := shellRun(t, "loud")
+	cmd := exec.Command(bin, "exec", dir, "loud", "--", "seq", "100000")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	require.NoError(t, cmd.Start())
+	first := make([]byte, 6)
+	_, err = io.ReadFull(stdout, first)
+	require.NoError(t, err)
+	require.NoError(t, stdout.Close())
+	require.NoError(t, cmd.Wait(), errb.String())
+	assert.Equal(t, "1\n2\n3\n", string(first))
+	b, err := os.ReadFile(filepath.Join(dir, "exec", "loud.stdout"))
+	require.NoError(t, err)
+	assert.Equal(t, 100000, strings.Count(string(b), "\n"))
+	assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, "loud").State)
+}
+
+// A command that changes its own -in file while it runs makes the stage
+// stale, not complete: exit 124.
+func TestExecStale(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	src := filepath.Join(work, "src")
+	require.NoError(t, os.WriteFile(src, []byte("1\n"), 0o644))
+	r := execCLI(t, dir, "a", []string{"-in", src}, "sh", "-c", `echo 2 > "$0"`, src)
+	assert.Equal(t, exitStale, r.code, r.err)
+	assert.Contains(t, r.err, "input "+src+" changed while the stage ran")
+	assert.Equal(t, runstate.StatePending, stageStatus(t, dir, "a").State)
 }

@@ -80,12 +80,20 @@ func runProc(p proc) procResult {
 				copyMu.Lock()
 				copyErr = errors.Join(copyErr, err)
 				copyMu.Unlock()
+				io.Copy(io.Discard, pr) // a command blocked on a full pipe would never exit
 			}
 		})
 	}
 	sigc := make(chan os.Signal, 4)
 	signal.Notify(sigc, forwardSignals...)
 	defer signal.Stop(sigc)
+	// A standard output or error that is a closed pipe (runstate exec ... |
+	// head) must not kill this process, and the command with it: with
+	// SIGPIPE caught, a write returns EPIPE and tee stops showing the stream
+	// but keeps it. The command gets the default disposition back on exec.
+	pipec := make(chan os.Signal, 1)
+	signal.Notify(pipec, brokenPipe...)
+	defer signal.Stop(pipec)
 	err := cmd.Start()
 	for _, w := range []io.Writer{cmd.Stdout, cmd.Stderr} {
 		if f, ok := w.(*os.File); ok {

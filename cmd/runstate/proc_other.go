@@ -12,6 +12,9 @@ import (
 // command included, so there is nothing to pass on.
 var forwardSignals = []os.Signal{os.Interrupt}
 
+// brokenPipe is empty: Windows raises no signal for a closed pipe.
+var brokenPipe []os.Signal
+
 // setProcGroup does nothing on this system: the command shares the
 // console's process group.
 func setProcGroup(*exec.Cmd) bool { return false }

@@ -12,6 +12,9 @@ import (
 // forwardSignals are the signals runProc passes on to the command.
 var forwardSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 
+// brokenPipe is the signal a write to a closed pipe raises.
+var brokenPipe = []os.Signal{syscall.SIGPIPE}
+
 // setProcGroup puts the command in a process group of its own, led by it,
 // and, on Linux, has the kernel kill it when this process dies. It reports
 // whether it did: when standard input is a terminal the command stays in
