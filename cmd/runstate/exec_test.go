@@ -365,3 +365,27 @@ func waitFile(t *testing.T, path string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// -request creates the run; an -after stage that is not done is refused
+// before the command runs (exit 125), and a different -request is refused.
+func TestExecRequestAndNotReady(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the commands these tests run are sh scripts")
+	}
+	work := t.TempDir()
+	dir := filepath.Join(work, "run")
+	count := filepath.Join(work, "count")
+	r := execCLI(t, dir, "a", []string{"-request", "made by exec"}, counted(count, "", "")...)
+	require.Equal(t, 0, r.code, r.err)
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, "made by exec", st.Request)
+
+	r = execCLI(t, dir, "b", []string{"-after", "nothing"}, counted(count, "", "")...)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "nothing")
+	r = execCLI(t, dir, "b", []string{"-request", "another request"}, counted(count, "", "")...)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "mismatch")
+	assert.Equal(t, 1, lines(t, count), "only the first command ran")
+}

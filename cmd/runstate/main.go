@@ -12,11 +12,15 @@
 // takes -json for a stable machine-readable shape. The operator commands
 // (approve, invalidate, resolve) append one ledger record each, through the
 // library, exactly as the agent's own calls would. repair cuts a torn
-// ledger tail and rebuilds the projections.
+// ledger tail and rebuilds the projections. The pipeline commands (exec,
+// effect, plan, skip, await) let a program in any language write a run: a
+// command as a stage, a side effect once. ls lists many runs.
 //
 // Exit status: 0 when all is well; 1 when a check failed or the command
-// could not do what was asked; 2 for a usage error; 3 when status finds
-// something that blocks the run. Messages go to standard error.
+// could not do what was asked; 2 for a usage error; 3 when status or ls
+// finds something that blocks a run; exec, effect and await have their own
+// (121-127, and exec passes on its command's). Messages go to standard
+// error.
 //
 // Run 'runstate help' for the commands and 'runstate help COMMAND' (or
 // 'runstate COMMAND -h') for one of them. README-CLI.md has examples.
