@@ -360,7 +360,7 @@ func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) in
 		}
 		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; install it or fix PATH, then run exec again", quoteArg(o.argv[0]), res.err))
 	case res.forwarded != nil && res.code != 0:
-		fmt.Fprintf(c.err, "runstate exec: %s: interrupted by %v: attempt %d is left unended; the next session records it as interrupted and runs it again\n", o.stage, res.forwarded, st.Attempt())
+		fmt.Fprintf(c.err, "runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again\n", o.stage, res.forwarded, st.Attempt())
 		return res.code
 	case res.err != nil:
 		return c.endStage(st, exitRunstate, fmt.Errorf("keeping the output of %s: %w", quoteArg(o.argv[0]), res.err))

@@ -31,7 +31,7 @@ type procResult struct {
 // how says how the command ended, for a message.
 func (r procResult) how() string {
 	if r.signal != nil {
-		return fmt.Sprintf("was killed by %v", r.signal)
+		return fmt.Sprintf("was killed by signal %d (%v)", r.signal, r.signal)
 	}
 	return fmt.Sprintf("exited %d", r.code)
 }
