@@ -148,3 +148,20 @@ func TestExecStale(t *testing.T) {
 	assert.Contains(t, r.err, "input "+src+" changed while the stage ran")
 	assert.Equal(t, runstate.StatePending, stageStatus(t, dir, "a").State)
 }
+
+// exec writes the command's output nowhere outside the run directory, even
+// when DIR/exec is a symbolic link that leads elsewhere: the stage records
+// its outputs (Stage.Output checks them) before the files are created.
+func TestExecRefusesLinkOutOfRun(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	outside := filepath.Join(work, "outside")
+	require.NoError(t, os.Mkdir(outside, 0o755))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "exec")))
+	r := execCLI(t, dir, "a", nil, "echo", "hi")
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "outputs must stay inside the run directory")
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "exec wrote outside the run directory")
+	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "a").State)
+}
