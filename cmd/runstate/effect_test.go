@@ -87,3 +87,17 @@ func TestEffectAmbiguous(t *testing.T) {
 	assert.True(t, strings.HasSuffix(keys[0], ":landed"))
 	assert.True(t, strings.HasSuffix(keys[1], ":lost"))
 }
+
+// The same key with another -payload is refused, and nothing is sent.
+func TestEffectPayloadMismatch(t *testing.T) {
+	dir, work := shellRun(t, "report")
+	outbox := filepath.Join(work, "outbox")
+	send := func(payload string) result {
+		return runCLI(t, append([]string{"effect", dir, "ticket", "-payload", payload, "--"}, outboxDo(outbox)...)...)
+	}
+	require.Equal(t, 0, send(`{"title":"a"}`).code)
+	r := send(`{"title":"b"}`)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "recorded with another request")
+	assert.Equal(t, 1, lines(t, outbox))
+}

@@ -42,8 +42,8 @@ With -json it prints a JSON array of {"dir", "id", "request", "done",
 "planned", "state", "blocker" (a runstate.Blocker, or absent), "last_record"
 (RFC 3339), "age_seconds", "seq", "error"}.
 
-Exit status 0; 3 when any run is blocked; 1 when a run could not be read
-(its line says why) and none is blocked.`,
+Exit status 0; 3 when any run is blocked; 1 when a run or a root could not
+be read (its line says why) and none is blocked.`,
 	min: 0, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -80,7 +80,7 @@ var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3,
 
 func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 	var dirs []string
-	visited := 0
+	visited, unreadable := 0, false
 	var walk func(dir string, level int)
 	walk = func(dir string, level int) {
 		if visited >= lsMaxDirs {
@@ -97,7 +97,8 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			if level == 0 {
-				fmt.Fprintf(c.err, "runstate ls: %v\n", err)
+				fmt.Fprintf(c.err, "runstate ls: %v; give a directory that exists\n", err)
+				unreadable = true
 			}
 			return
 		}
@@ -131,6 +132,9 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		return a.Dir < b.Dir
 	})
 	code := exitOK
+	if unreadable {
+		code = exitFail
+	}
 	for _, r := range runs {
 		switch {
 		case r.State == "blocked":

@@ -70,6 +70,10 @@ func TestLs(t *testing.T) {
 	assert.Equal(t, "run a/finished", runs[1].Request)
 	assert.Equal(t, 1, runs[1].Done)
 
+	r = runCLI(t, "ls", filepath.Join(root, "nowhere"))
+	assert.Equal(t, exitFail, r.code, r.err)
+	assert.Contains(t, r.err, "give a directory that exists")
+
 	r = runCLI(t, "ls", "-depth", "1", root)
 	assert.Equal(t, exitOK, r.code, r.err)
 	assert.Equal(t, 1, strings.Count(r.out, "\n"), "no run within one level: %s", r.out)
