@@ -354,11 +354,11 @@ func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) in
 
 	switch {
 	case !res.started:
-		code := exitCannot
+		code, advice := exitCannot, "check that it is an executable file"
 		if errors.Is(res.err, exec.ErrNotFound) || errors.Is(res.err, fs.ErrNotExist) {
-			code = exitNotFound
+			code, advice = exitNotFound, "install it or fix PATH"
 		}
-		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; install it or fix PATH, then run exec again", quoteArg(o.argv[0]), res.err))
+		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; %s, then run exec again", quoteArg(o.argv[0]), res.err, advice))
 	case res.forwarded != nil && res.code != 0:
 		fmt.Fprintf(c.err, "runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again\n", o.stage, res.forwarded, st.Attempt())
 		return res.code

@@ -182,14 +182,21 @@ func TestExecFailureClasses(t *testing.T) {
 	assert.Equal(t, exitFatal, r.code, r.err)
 }
 
-// A command that is not found, or does not write its -out file, fails
-// the stage (it is not left running) with exec's own status.
+// A command that is not found, cannot be started, or does not write its
+// -out file fails the stage (it is not left running) with exec's own status.
 func TestExecCommandNotFoundAndMissingOutput(t *testing.T) {
 	dir, _ := shellRun(t, "a", "b")
 	r := execCLI(t, dir, "a", nil, "no-such-command-runstate")
 	assert.Equal(t, exitNotFound, r.code, r.err)
 	assert.Contains(t, r.err, "no-such-command-runstate could not be started")
 	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "a").State)
+
+	script := filepath.Join(t.TempDir(), "not-executable.sh")
+	require.NoError(t, os.WriteFile(script, []byte("echo hi\n"), 0o644))
+	r = execCLI(t, dir, "c", nil, script)
+	assert.Equal(t, exitCannot, r.code, r.err)
+	assert.Contains(t, r.err, "check that it is an executable file")
+	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "c").State)
 
 	r = execCLI(t, dir, "b", []string{"-out", filepath.Join(dir, "b.txt")}, "true")
 	assert.Equal(t, exitRunstate, r.code, r.err)
