@@ -375,7 +375,14 @@ func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) in
 		if ferr := st.Fail(err); ferr != nil {
 			return c.failWith(exitRunstate, ferr)
 		}
-		fmt.Fprintf(c.err, "runstate exec: %s: failed (attempt %d): %v\n", o.stage, st.Attempt(), err)
+		then := ""
+		switch stageOf(r, o.stage).State {
+		case runstate.StateAwaiting:
+			then = fmt.Sprintf("; it awaits a person now: runstate approve %s %s -by NAME", quoteArg(r.Dir()), quoteArg(o.stage))
+		case runstate.StateFatal:
+			then = fmt.Sprintf("; that is final: fix the cause, then runstate invalidate %s %s -reason TEXT", quoteArg(r.Dir()), quoteArg(o.stage))
+		}
+		fmt.Fprintf(c.err, "runstate exec: %s: failed (attempt %d): %v%s\n", o.stage, st.Attempt(), err, then)
 		return res.code
 	}
 	for _, p := range o.outs {

@@ -170,6 +170,7 @@ func TestExecFailureClasses(t *testing.T) {
 
 	r = execCLI(t, dir, "b", []string{"-person-exit", "4,5"}, "sh", "-c", "exit 4")
 	assert.Equal(t, 4, r.code)
+	assert.Contains(t, r.err, "it awaits a person now: runstate approve "+dir+" b -by NAME")
 	assert.Equal(t, runstate.StateAwaiting, stageStatus(t, dir, "b").State)
 	r = execCLI(t, dir, "b", nil, "true")
 	assert.Equal(t, exitPerson, r.code, r.err)
@@ -177,6 +178,7 @@ func TestExecFailureClasses(t *testing.T) {
 
 	r = execCLI(t, dir, "c", []string{"-fatal-exit", "9"}, "sh", "-c", "exit 9")
 	assert.Equal(t, 9, r.code)
+	assert.Contains(t, r.err, "that is final: fix the cause, then runstate invalidate "+dir+" c -reason TEXT")
 	assert.Equal(t, runstate.StateFatal, stageStatus(t, dir, "c").State)
 	r = execCLI(t, dir, "c", nil, "true")
 	assert.Equal(t, exitFatal, r.code, r.err)
