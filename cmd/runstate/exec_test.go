@@ -176,6 +176,14 @@ func TestExecFailureClasses(t *testing.T) {
 	assert.Equal(t, exitPerson, r.code, r.err)
 	assert.Contains(t, r.err, "runstate approve "+dir+" b -by NAME")
 
+	// Retries exhausted (-max-attempts): the stage awaits a person.
+	for i := 1; i <= 2; i++ {
+		r = execCLI(t, dir, "d", []string{"-max-attempts", "2"}, "sh", "-c", "exit 1")
+		assert.Equal(t, 1, r.code)
+		assert.Equal(t, i == 2, strings.Contains(r.err, "it awaits a person now"), "attempt %d: %s", i, r.err)
+	}
+	assert.Equal(t, exitPerson, execCLI(t, dir, "d", nil, "true").code)
+
 	r = execCLI(t, dir, "c", []string{"-fatal-exit", "9"}, "sh", "-c", "exit 9")
 	assert.Equal(t, 9, r.code)
 	assert.Contains(t, r.err, "that is final: fix the cause, then runstate invalidate "+dir+" c -reason TEXT")
