@@ -46,9 +46,10 @@ TEXT is recorded with the intent: the same KEY with another payload is
 refused. DIR must hold a run, unless -request TEXT creates it.
 
 Exit status: 0 the receipt is printed (sent now, found by the check, or
-stored); 2 a usage error or CMD not found (nothing recorded); 121 another
-live session attempts KEY; 122 the effect is unconfirmed: a person must
-resolve it; 125 runstate could not record it.`,
+stored); 2 a usage error (nothing recorded); 121 another live session
+attempts KEY; 122 the effect is unconfirmed: a person must resolve it; 125
+runstate could not record it; 127 CMD was not found (checked before anything
+is recorded).`,
 	min: 2, max: 2, argv: true,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		check := fs.String("check", "", "`CMD`: a shell command that exits 0 and prints the receipt when the effect landed, 1 when it did not")
@@ -56,7 +57,7 @@ resolve it; 125 runstate could not record it.`,
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
 		return func(c *cli, args []string) int {
 			if _, err := exec.LookPath(args[2]); err != nil {
-				return c.usageError("effect", fmt.Sprintf("command %s: %v; nothing was recorded", quoteArg(args[2]), errors.Unwrap(err)))
+				return c.failWith(exitNotFound, fmt.Errorf("effect %s: command %s: %v; install it or fix PATH (nothing was recorded)", args[1], quoteArg(args[2]), errors.Unwrap(err)))
 			}
 			r, code := c.openRun("effect", args[0], *request, 0)
 			if r == nil {

@@ -234,7 +234,6 @@ func TestExecUsageErrorsRecordNothing(t *testing.T) {
 		{[]string{"exec", dir, "a", "-person-exit", "x", "--", "true"}, "is not an exit status"},
 		{[]string{"exec", dir, "a", "-valid-for", "-1s", "--", "true"}, "-valid-for must be positive"},
 		{[]string{"exec", filepath.Join(work, "none"), "a", "--", "true"}, "holds no run"},
-		{[]string{"effect", dir, "k", "--", "no-such-command-runstate"}, "nothing was recorded"},
 		{[]string{"effect", dir, "k", "echo"}, "missing -- before the command"},
 		{[]string{"skip", dir, "a"}, "-reason TEXT is required"},
 		{[]string{"await", dir, "a"}, "-reason TEXT is required"},
@@ -247,6 +246,12 @@ func TestExecUsageErrorsRecordNothing(t *testing.T) {
 		assert.Contains(t, first, tc.want, "%v", tc.args)
 		assert.Equal(t, before, tree(t, work), "%v wrote to the run", tc.args)
 	}
+	// effect checks its command before it records an intent.
+	before := tree(t, work)
+	r := runCLI(t, "effect", dir, "k", "--", "no-such-command-runstate")
+	assert.Equal(t, exitNotFound, r.code, r.err)
+	assert.Contains(t, r.err, "install it or fix PATH (nothing was recorded)")
+	assert.Equal(t, before, tree(t, work))
 }
 
 // A stage that a live session runs is busy for a second exec.
