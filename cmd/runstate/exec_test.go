@@ -263,7 +263,12 @@ func TestExecBusy(t *testing.T) {
 	r := execCLI(t, dir, "slow", nil, "true")
 	assert.Equal(t, exitBusy, r.code, r.err)
 	assert.Contains(t, r.err, "is running in another session")
+	ls := runCLI(t, "ls", work)
+	assert.Equal(t, 0, ls.code, ls.err)
+	assert.Regexp(t, `run\s+shell pipeline\s+0/1\s+running\s`, ls.out)
 	first.stop(t)
+	ls = runCLI(t, "ls", work)
+	assert.Regexp(t, `run\s+shell pipeline\s+0/1\s+stopped\s+slow interrupted: attempt 1's session is gone`, ls.out)
 }
 
 func TestPlanSkipAwait(t *testing.T) {
