@@ -12,13 +12,17 @@
 // takes -json for a stable machine-readable shape. The operator commands
 // (approve, invalidate, resolve) append one ledger record each, through the
 // library, exactly as the agent's own calls would. repair cuts a torn
-// ledger tail and rebuilds the projections. The writing commands wait for
-// the ledger lock at most -timeout (30s by default); when they give up they
-// say which process holds it.
+// ledger tail and rebuilds the projections. The pipeline commands (exec,
+// effect, plan, skip, await) let a program in any language write a run: a
+// command as a stage, a side effect once. ls lists many runs. The writing
+// commands wait for the ledger lock at most -timeout (30s by default); when
+// they give up they say which process holds it.
 //
 // Exit status: 0 when all is well; 1 when a check failed or the command
-// could not do what was asked; 2 for a usage error; 3 when status finds
-// something that blocks the run. Messages go to standard error.
+// could not do what was asked; 2 for a usage error; 3 when status or ls
+// finds something that blocks a run; exec, effect and await have their own
+// (121-127, and exec passes on its command's). Messages go to standard
+// error.
 //
 // Run 'runstate help' for the commands and 'runstate help COMMAND' (or
 // 'runstate COMMAND -h') for one of them. README-CLI.md has examples.
@@ -55,7 +59,10 @@ type command struct {
 	short    string // one line for 'runstate help'
 	long     string // the paragraph(s) for 'runstate help NAME'
 	min, max int    // positional arguments; max < 0: no limit
-	setup    func(fs *flag.FlagSet) func(c *cli, args []string) int
+	// argv: the command line ends with "-- CMD [ARGS...]", passed after
+	// the positional arguments and never parsed as flags.
+	argv  bool
+	setup func(fs *flag.FlagSet) func(c *cli, args []string) int
 }
 
 // commands lists the subcommands in the order 'runstate help' shows them.
@@ -65,6 +72,7 @@ func init() {
 	commands = []*command{
 		statusCmd, logCmd, verifyCmd, nextCmd, metricsCmd,
 		approveCmd, invalidateCmd, resolveCmd, repairCmd,
+		execCmd, effectCmd, planCmd, skipCmd, awaitCmd, lsCmd,
 	}
 }
 
@@ -111,7 +119,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("runstate "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	runFn := cmd.setup(fs)
-	pos, err := parseInterleaved(fs, args[1:])
+	args, argv, dashes := splitArgv(cmd, args[1:])
+	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, cmdHelp(cmd))
 		return exitOK
@@ -120,6 +129,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return c.usageError(cmd.name, err.Error())
 	}
 	switch {
+	case cmd.argv && !dashes:
+		return c.usageError(cmd.name, "missing -- before the command to run (runstate "+cmd.name+" ... -- CMD ARGS)")
+	case cmd.argv && (len(argv) == 0 || argv[0] == ""):
+		return c.usageError(cmd.name, "no command after --")
 	case len(pos) < cmd.min:
 		return c.usageError(cmd.name, "missing arguments")
 	case cmd.max >= 0 && len(pos) > cmd.max:
@@ -129,6 +142,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if p == "" {
 			return c.usageError(cmd.name, "empty argument")
 		}
+	}
+	if cmd.argv {
+		pos = append(pos, argv...)
 	}
 	return runFn(c, pos)
 }
@@ -186,6 +202,8 @@ usage: runstate COMMAND [flags] DIR [args]
 		{"Read commands (no lock, nothing written; each takes -json):", []string{"status", "log", "verify", "next", "metrics"}},
 		{"Operator commands (each appends one ledger record):", []string{"approve", "invalidate", "resolve"}},
 		{"Maintenance:", []string{"repair"}},
+		{"Pipeline commands (any language: stages and side effects as commands):", []string{"exec", "effect", "plan", "skip", "await"}},
+		{"Many runs:", []string{"ls"}},
 	}
 	for _, g := range groups {
 		b.WriteString(g.title + "\n")
@@ -197,7 +215,8 @@ usage: runstate COMMAND [flags] DIR [args]
 	}
 	b.WriteString(`Flags may come before or after the arguments.
 Exit status: 0 all well; 1 a check failed or an error; 2 usage error;
-3 status found something that blocks the run.
+3 status or ls found something that blocks a run. exec, effect and
+await have their own (see 'runstate help exec').
 
 Run 'runstate help COMMAND' or 'runstate COMMAND -h' for one command.
 `)

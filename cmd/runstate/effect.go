@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+
+	"github.com/runstate/runstate"
+)
+
+// maxReceipt bounds the receipt a command may print.
+const maxReceipt = 1 << 20
+
+var effectCmd = &command{
+	name:     "effect",
+	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] -- CMD [ARGS...]",
+	short:    "perform a side effect once: intent before, receipt after",
+	long: `Effect performs the side effect KEY of the run in DIR once, across every
+session, with the guarantees of the library's Run.Effect:
+
+  - A confirmed KEY prints its stored receipt and runs nothing.
+  - Otherwise an intent is recorded, durably, before CMD runs; CMD's
+    standard output is the receipt (a JSON text as it is, anything else as
+    a JSON string), recorded durably when it exits 0, and printed.
+  - A KEY whose earlier attempt ended unconfirmed (its session died between
+    the intent and the receipt, or CMD failed: it may have landed) is asked
+    about with -check: the check exits 0 and prints the receipt when the
+    effect landed (it is recorded as confirmed, and not sent again), exits
+    1 when it did not (CMD runs again, same key), anything else when it
+    cannot tell. Without -check, or when it cannot tell, the effect is
+    unconfirmed and a person decides with 'runstate resolve'.
+
+Both commands get the full idempotency key, "<run-id>:KEY", in
+RUNSTATE_IDEMPOTENCY_KEY, to hand to the receiving system, and RUNSTATE_DIR,
+RUNSTATE_RUN and RUNSTATE_EFFECT (KEY) too. -check CMD is one string run by
+sh -c (cmd /C on Windows); CMD after -- is run as it is. Their standard error
+goes to effect's; SIGINT and SIGTERM are passed on, as for exec. -payload
+TEXT is recorded with the intent: the same KEY with another payload is
+refused. DIR must hold a run, unless -request TEXT creates it.
+
+Exit status: 0 the receipt is printed (sent now, found by the check, or
+stored); 2 a usage error (nothing recorded); 121 another live session
+attempts KEY; 122 the effect is unconfirmed: a person must resolve it; 125
+runstate could not record it; 127 CMD was not found (checked before anything
+is recorded).`,
+	min: 2, max: 2, argv: true,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		check := fs.String("check", "", "`CMD`: a shell command that exits 0 and prints the receipt when the effect landed, 1 when it did not")
+		payload := fs.String("payload", "", "`TEXT`: the effect's request, recorded with the intent (JSON, or text)")
+		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
+		return func(c *cli, args []string) int {
+			if _, err := exec.LookPath(args[2]); err != nil {
+				return c.failWith(exitNotFound, fmt.Errorf("effect %s: command %s: %v; install it or fix PATH (nothing was recorded)", args[1], quoteArg(args[2]), errors.Unwrap(err)))
+			}
+			r, code := c.openRun("effect", args[0], *request, 0)
+			if r == nil {
+				return code
+			}
+			e := shellEffect{dir: r.Dir(), run: r.ID(), key: args[1], argv: args[2:], check: *check, errw: c.err}
+			return c.closeRun(r, c.effect(r, &e, *payload))
+		}
+	},
+}
+
+// shellEffect is an effect whose Do and Check are commands.
+type shellEffect struct {
+	dir, run, key string
+	argv          []string
+	check         string
+	errw          interface{ Write([]byte) (int, error) }
+	did, found    bool // Do ran; Check found the effect
+}
+
+func (e *shellEffect) env(full string) []string {
+	abs, err := filepath.Abs(e.dir)
+	if err != nil {
+		abs = e.dir
+	}
+	return append(os.Environ(), "RUNSTATE_IDEMPOTENCY_KEY="+full, "RUNSTATE_DIR="+abs,
+		"RUNSTATE_RUN="+e.run, "RUNSTATE_EFFECT="+e.key)
+}
+
+// do runs the command and returns its standard output as the receipt.
+func (e *shellEffect) do(ctx context.Context, full string) (json.RawMessage, error) {
+	e.did = true
+	out, res := e.capture(e.argv, full)
+	switch {
+	case res.err != nil:
+		return nil, fmt.Errorf("command %s: %w", quoteArg(e.argv[0]), res.err)
+	case res.code != 0:
+		return nil, fmt.Errorf("command %s %s", quoteArg(e.argv[0]), res.how())
+	}
+	return receipt(string(out)), nil
+}
+
+// checkFn runs the check command: 0 found, with the receipt; 1 not found;
+// anything else, cannot tell.
+func (e *shellEffect) checkFn(ctx context.Context, full string) (json.RawMessage, bool, error) {
+	sh := []string{"sh", "-c", e.check}
+	if runtime.GOOS == "windows" {
+		sh = []string{"cmd", "/C", e.check}
+	}
+	out, res := e.capture(sh, full)
+	switch {
+	case res.err != nil:
+		return nil, false, fmt.Errorf("check %s: %w", quoteArg(e.check), res.err)
+	case res.code == 0:
+		e.found = true
+		return receipt(string(out)), true, nil
+	case res.code == 1:
+		return nil, false, nil
+	}
+	return nil, false, fmt.Errorf("check %s %s: it cannot tell", quoteArg(e.check), res.how())
+}
+
+func (e *shellEffect) capture(argv []string, full string) ([]byte, procResult) {
+	out := &limitedBuffer{max: maxReceipt}
+	res := runProc(proc{argv: argv, env: e.env(full), stdout: out, stderr: e.errw})
+	if res.err == nil && out.over > 0 {
+		res.err = fmt.Errorf("printed more than %d bytes: a receipt is one short JSON text or line", maxReceipt)
+	}
+	return bytes.TrimRight(out.buf, "\r\n"), res
+}
+
+func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
+	eff := runstate.Effect{Do: e.do}
+	if payload != "" {
+		eff.Request = receipt(payload)
+	}
+	if e.check != "" {
+		eff.Check = e.checkFn
+	}
+	for _, es := range statusOf(r).Effects {
+		if es.Key == e.key && es.State == runstate.EffectConfirmed {
+			fmt.Fprintf(c.err, "runstate effect: %s: confirmed at seq %d: not sent again\n", e.key, es.Seq)
+		}
+	}
+	rec, err := r.Effect(context.Background(), e.key, eff)
+	switch {
+	case errors.Is(err, runstate.ErrBusy):
+		return c.failWith(exitBusy, err)
+	case errors.Is(err, runstate.ErrUnconfirmed):
+		return c.failWith(exitPerson, inDir(err, r.Dir()))
+	case errors.Is(err, runstate.ErrInvalid):
+		return c.failWith(exitUsage, err)
+	case err != nil:
+		return c.failWith(exitRunstate, err)
+	}
+	if e.found && !e.did {
+		fmt.Fprintf(c.err, "runstate effect: %s: the check found that it landed: confirmed, not sent again\n", e.key)
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, rec) != nil {
+		b.Reset()
+		b.Write(rec)
+	}
+	fmt.Fprintf(c.out, "%s\n", b.Bytes())
+	return exitOK
+}

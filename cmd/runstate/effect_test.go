@@ -1,0 +1,103 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// outboxDo is a Do command that appends the idempotency key to outbox
+// (the receiving system) and prints a receipt.
+func outboxDo(outbox string) []string {
+	return []string{"sh", "-c", `echo "$RUNSTATE_IDEMPOTENCY_KEY" >> "$0"; echo "sent $RUNSTATE_EFFECT"`, outbox}
+}
+
+// outboxCheck finds the key in outbox.
+func outboxCheck(outbox string) string {
+	return `grep -qx "$RUNSTATE_IDEMPOTENCY_KEY" ` + quoteArg(outbox) + ` && echo '{"found":true}'`
+}
+
+// An effect runs once; a confirmed key prints its receipt and runs nothing.
+func TestEffectOnce(t *testing.T) {
+	dir, work := shellRun(t, "report")
+	outbox := filepath.Join(work, "outbox")
+	for range 3 {
+		r := runCLI(t, append([]string{"effect", dir, "notify:PR-1", "--"}, outboxDo(outbox)...)...)
+		require.Equal(t, 0, r.code, r.err)
+		assert.Equal(t, `"sent notify:PR-1"`+"\n", r.out, "the receipt, text stored as a JSON string")
+	}
+	b, err := os.ReadFile(outbox)
+	require.NoError(t, err)
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, st.ID+":notify:PR-1\n", string(b), "sent once, with the full key")
+	assert.JSONEq(t, `"sent notify:PR-1"`, string(receiptOf(t, dir, "notify:PR-1")))
+}
+
+// A session killed between the intent and the receipt leaves the effect
+// ambiguous: -check settles it (found: not sent again; not found: sent
+// again); without a check, or when it cannot tell, a person decides.
+func TestEffectAmbiguous(t *testing.T) {
+	dir, work := shellRun(t, "report")
+	outbox := filepath.Join(work, "outbox")
+	kill := func(key string, send bool) {
+		marker := filepath.Join(work, "marker-"+key)
+		script := `touch "$1"; sleep 60`
+		if send {
+			script = `echo "$RUNSTATE_IDEMPOTENCY_KEY" >> "$0"; ` + script
+		}
+		b := startCLI(t, "effect", dir, key, "--", "sh", "-c", script, outbox, marker)
+		waitFile(t, marker)
+		b.stop(t)
+	}
+	effect := func(key string, check string) result {
+		args := []string{"effect", dir, key}
+		if check != "" {
+			args = append(args, "-check", check)
+		}
+		return runCLI(t, append(append(args, "--"), outboxDo(outbox)...)...)
+	}
+
+	kill("landed", true)
+	r := effect("landed", outboxCheck(outbox))
+	require.Equal(t, 0, r.code, r.err)
+	assert.Equal(t, `{"found":true}`+"\n", r.out, "the check's receipt")
+
+	kill("lost", false)
+	r = effect("lost", outboxCheck(outbox))
+	require.Equal(t, 0, r.code, r.err)
+	assert.Equal(t, `"sent lost"`+"\n", r.out, "not found: sent again")
+
+	kill("unknown", false)
+	r = effect("unknown", "exit 5")
+	assert.Equal(t, exitPerson, r.code, r.err)
+	assert.Contains(t, r.err, "runstate resolve "+dir+" unknown -sent RECEIPT|-not-sent -by NAME")
+	r = effect("unknown", "")
+	assert.Equal(t, exitPerson, r.code, "no check: a person decides: %s", r.err)
+
+	b, err := os.ReadFile(outbox)
+	require.NoError(t, err)
+	keys := strings.Fields(string(b))
+	require.Len(t, keys, 2, "landed once (before the kill), lost once (after the check)")
+	assert.True(t, strings.HasSuffix(keys[0], ":landed"))
+	assert.True(t, strings.HasSuffix(keys[1], ":lost"))
+}
+
+// The same key with another -payload is refused, and nothing is sent.
+func TestEffectPayloadMismatch(t *testing.T) {
+	dir, work := shellRun(t, "report")
+	outbox := filepath.Join(work, "outbox")
+	send := func(payload string) result {
+		return runCLI(t, append([]string{"effect", dir, "ticket", "-payload", payload, "--"}, outboxDo(outbox)...)...)
+	}
+	require.Equal(t, 0, send(`{"title":"a"}`).code)
+	r := send(`{"title":"b"}`)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "recorded with another request")
+	assert.Equal(t, 1, lines(t, outbox))
+}

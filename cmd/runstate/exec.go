@@ -1,0 +1,468 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/runstate/runstate"
+)
+
+// Exit statuses of exec, effect and await that are runstate's own. Every
+// other status of exec is the command's.
+const (
+	exitBusy     = 121 // another live session runs the stage (or attempts the effect)
+	exitPerson   = 122 // the stage awaits a person; the effect is unconfirmed
+	exitFatal    = 123 // the stage failed fatally
+	exitStale    = 124 // an input changed while the command ran
+	exitRunstate = 125 // runstate could not do it: see the message
+	exitCannot   = 126 // the command was found but could not be started
+	exitNotFound = 127 // the command was not found
+)
+
+var execCmd = &command{
+	name:     "exec",
+	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] -- CMD [ARGS...]",
+	short:    "run a command as a stage: skipped when done and its evidence holds",
+	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of
+the library's Do:
+
+  - When STAGE is complete (or skipped) and its evidence holds (the same
+    -in file contents, -value values and -after stages' outputs, every
+    output present with its recorded hash, not older than -valid-for), CMD
+    is not run: one line on standard error says so and why; exit 0.
+  - Otherwise the stage begins (one line on standard error says why it
+    runs: not run before, "input src/parser.go changed", attempt 1 was
+    interrupted ...) and CMD runs with RUNSTATE_DIR (the run directory, an
+    absolute path), RUNSTATE_STAGE, RUNSTATE_ATTEMPT and RUNSTATE_RUN (the
+    run's id) in its environment and exec's standard input. Its standard
+    output and error go to exec's, and also to DIR/exec/STAGE.stdout and
+    DIR/exec/STAGE.stderr, which are outputs of the stage (a "/" in STAGE
+    makes subdirectories; other characters than letters, digits, ".", "_"
+    and "-" are %XX-escaped).
+  - Exit 0: every -out PATH must exist; the stage completes with the
+    outputs and their hashes, durably. Non-zero: the stage fails
+    (retryable, unless -person-exit or -fatal-exit names the status) and
+    exec exits with the command's status.
+
+SIGINT and SIGTERM sent to exec are passed to the command's process group;
+a command that then ends with an error leaves the attempt unended, so the
+next session records it as interrupted and runs it again (exit 128+signal).
+If exec is killed (SIGKILL), the command is killed too (Linux: a parent-death
+signal) and the next session records the attempt as interrupted. When the
+command ends, what is left of its process group is killed.
+
+-in FILE and -out PATH are paths as the shell sees them (relative to the
+current directory); -out must be inside DIR. DIR must hold a run, unless
+-request TEXT is given: it creates the run (and, for an existing run, must
+be the run's request).
+
+Exit status: the command's, or 0 when it was skipped; 2 for a usage error
+(nothing recorded); 121 another live session runs the stage; 122 the stage
+awaits a person (runstate approve); 123 it failed fatally (runstate
+invalidate); 124 an input changed while the command ran (the stage is
+invalidated: run it again); 125 runstate could not record it, an -after
+stage is not done, or the command exited 0 without writing an -out file
+(the stage failed); 126 the command could not be started; 127 it was not
+found (both: the stage failed); 128+N the command was killed by signal N.`,
+	min: 2, max: 2, argv: true,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		var ev evidenceFlags
+		ev.register(fs)
+		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
+		maxAttempts := fs.Int("max-attempts", 0, "`N` retryable failures before the stage awaits a person (default 3)")
+		personExit := fs.String("person-exit", "", "`CODES`: comma-separated exit statuses that need a person (the stage awaits approve)")
+		fatalExit := fs.String("fatal-exit", "", "`CODES`: comma-separated exit statuses that are final (the stage fails fatally)")
+		return func(c *cli, args []string) int {
+			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts}
+			var err error
+			if o.person, err = exitCodes(*personExit); err != nil {
+				return c.usageError("exec", "-person-exit: "+err.Error())
+			}
+			if o.fatal, err = exitCodes(*fatalExit); err != nil {
+				return c.usageError("exec", "-fatal-exit: "+err.Error())
+			}
+			if *maxAttempts < 0 {
+				return c.usageError("exec", "-max-attempts must be positive")
+			}
+			if o.inputs, o.outs, err = ev.resolve(o.dir); err != nil {
+				return c.usageError("exec", err.Error())
+			}
+			return c.exec(&o)
+		}
+	},
+}
+
+// splitArgv cuts the command line of a command that runs one (exec,
+// effect) at its first "--": the part before is parsed, the part after is
+// the command. For other commands it returns args unchanged.
+func splitArgv(cmd *command, args []string) (head, argv []string, dashes bool) {
+	if !cmd.argv {
+		return args, nil, false
+	}
+	i := slices.Index(args, "--")
+	if i < 0 {
+		return args, nil, false
+	}
+	return args[:i], args[i+1:], true
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// evidenceFlags are the flags that say what a stage starts from and what
+// it writes: exec's and await's.
+type evidenceFlags struct {
+	in, values, after, out multiFlag
+	validFor               time.Duration
+}
+
+func (e *evidenceFlags) register(fs *flag.FlagSet) {
+	fs.Var(&e.in, "in", "`FILE` whose content is evidence (repeatable)")
+	fs.Var(&e.values, "value", "`NAME=V`: a value that is evidence (repeatable)")
+	fs.Var(&e.after, "after", "`STAGE` whose outputs are evidence; it must be done (repeatable)")
+	fs.Var(&e.out, "out", "`PATH` inside DIR that the command writes: an output, recorded with its hash (repeatable)")
+	fs.DurationVar(&e.validFor, "valid-for", 0, "`DURATION` after which the evidence expires and the stage is redone")
+}
+
+// resolve checks the flags against the file system and returns the
+// inputs, and the -out paths relative to dir. Its errors are usage errors:
+// nothing has been recorded.
+func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) {
+	var inputs []runstate.Input
+	for _, f := range e.in {
+		fi, err := os.Stat(f)
+		switch {
+		case err != nil:
+			return nil, nil, fmt.Errorf("-in %s: %v; give a file that exists", f, errors.Unwrap(err))
+		case fi.IsDir():
+			return nil, nil, fmt.Errorf("-in %s is a directory; give its files, one -in each", f)
+		}
+		inputs = append(inputs, runstate.File(f))
+	}
+	for _, v := range e.values {
+		name, val, ok := strings.Cut(v, "=")
+		if !ok || name == "" {
+			return nil, nil, fmt.Errorf("-value %q: write it as NAME=VALUE", v)
+		}
+		inputs = append(inputs, runstate.Value(name, val))
+	}
+	for _, s := range e.after {
+		if s == "" {
+			return nil, nil, errors.New("-after needs a stage name")
+		}
+		inputs = append(inputs, runstate.After(s))
+	}
+	if e.validFor < 0 {
+		return nil, nil, errors.New("-valid-for must be positive")
+	}
+	if e.validFor > 0 {
+		inputs = append(inputs, runstate.ValidFor(e.validFor))
+	}
+	var outs []string
+	for _, p := range e.out {
+		rel, err := insideDir(dir, p)
+		if err != nil {
+			return nil, nil, err
+		}
+		outs = append(outs, rel)
+	}
+	return inputs, outs, nil
+}
+
+// insideDir returns p relative to dir, or an error when p (as the shell
+// sees it) is not inside dir. Symbolic links are checked when the stage
+// records the output.
+func insideDir(dir, p string) (string, error) {
+	ad, err1 := filepath.Abs(dir)
+	ap, err2 := filepath.Abs(p)
+	if err := errors.Join(err1, err2); err != nil {
+		return "", fmt.Errorf("-out %s: %v", p, err)
+	}
+	rel, err := filepath.Rel(ad, ap)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return "", fmt.Errorf("-out %s is not inside the run directory %s; write the output there, e.g. -out %s", p, dir, filepath.Join(dir, filepath.Base(p)))
+	}
+	return filepath.ToSlash(rel), nil
+}
+
+// exitCodes parses "3,4" into exit statuses.
+func exitCodes(s string) ([]int, error) {
+	var codes []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 255 {
+			return nil, fmt.Errorf("%q is not an exit status (1-255); give them comma-separated, e.g. 3,4", f)
+		}
+		codes = append(codes, n)
+	}
+	return codes, nil
+}
+
+type execOptions struct {
+	dir, stage    string
+	argv          []string
+	request       string
+	maxAttempts   int
+	inputs        []runstate.Input
+	outs          []string // relative to dir, slash-separated
+	person, fatal []int
+}
+
+// openRun opens the run in dir for a pipeline command. Without request, dir
+// must hold a run already: Open would create one. The second result is the
+// exit status when the first is nil.
+func (c *cli) openRun(name, dir, request string, maxAttempts int) (*runstate.Run, int) {
+	if request == "" {
+		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
+			return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, filepath.Join(dir, "logs", "ledger.jsonl")))
+		}
+	}
+	r, err := runstate.Open(dir, &runstate.Options{Request: request, MaxAttempts: maxAttempts})
+	if err != nil {
+		return nil, c.failWith(exitRunstate, err)
+	}
+	return r, exitOK
+}
+
+// failWith prints err on standard error and returns code.
+func (c *cli) failWith(code int, err error) int {
+	c.fail(err)
+	return code
+}
+
+// closeRun closes r and returns code, or exitRunstate when closing failed
+// and code was 0.
+func (c *cli) closeRun(r *runstate.Run, code int) int {
+	if err := r.Close(); err != nil {
+		c.fail(err)
+		if code == exitOK {
+			return exitRunstate
+		}
+	}
+	return code
+}
+
+// inDir puts dir in the place of DIR in the advice of the library's error.
+func inDir(err error, dir string) error {
+	return errors.New(strings.Replace(err.Error(), " DIR ", " "+quoteArg(dir)+" ", 1))
+}
+
+// beginStatus maps an error of Begin to an exit status.
+func beginStatus(err error) int {
+	switch {
+	case errors.Is(err, runstate.ErrBusy):
+		return exitBusy
+	case errors.Is(err, runstate.ErrNeedsPerson):
+		return exitPerson
+	case errors.Is(err, runstate.ErrFatal):
+		return exitFatal
+	case errors.Is(err, runstate.ErrInvalid):
+		return exitUsage
+	}
+	return exitRunstate
+}
+
+// stdPath is where exec keeps the stream ("stdout" or "stderr") of stage,
+// relative to the run directory: exec/STAGE.stdout. Each "/"-separated part
+// of the name keeps letters, digits, ".", "_" and "-" and escapes other
+// bytes as %XX; a name with an empty, "." or ".." part is one flat file.
+func stdPath(stage, stream string) string {
+	flat := false
+	for part := range strings.SplitSeq(stage, "/") {
+		if part == "" || part == "." || part == ".." {
+			flat = true
+		}
+	}
+	var b strings.Builder
+	b.WriteString("exec/")
+	for i := 0; i < len(stage); i++ {
+		ch := stage[i]
+		switch {
+		case ch == '/' && !flat,
+			'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
+			ch == '.', ch == '_', ch == '-':
+			b.WriteByte(ch)
+		default:
+			fmt.Fprintf(&b, "%%%02X", ch)
+		}
+	}
+	b.WriteString("." + stream)
+	return b.String()
+}
+
+func (c *cli) exec(o *execOptions) int {
+	ctx := context.Background()
+	r, code := c.openRun("exec", o.dir, o.request, o.maxAttempts)
+	if r == nil {
+		return code
+	}
+	return c.closeRun(r, c.execStage(ctx, r, o))
+}
+
+func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) int {
+	prev := stageOf(r, o.stage)
+	st, err := r.Begin(ctx, o.stage, o.inputs...)
+	if errors.Is(err, runstate.ErrDone) {
+		fmt.Fprintf(c.err, "runstate exec: %s: skipped: %s\n", o.stage, doneWhy(stageOf(r, o.stage)))
+		return exitOK
+	}
+	if err != nil {
+		return c.failWith(beginStatus(err), inDir(err, r.Dir()))
+	}
+	fmt.Fprintf(c.err, "runstate exec: %s: running (attempt %d): %s\n", o.stage, st.Attempt(), runWhy(prev, stageOf(r, o.stage)))
+
+	abs, err := filepath.Abs(r.Dir())
+	if err != nil {
+		return c.endStage(st, exitRunstate, err)
+	}
+	stdout, stderr := stdPath(o.stage, "stdout"), stdPath(o.stage, "stderr")
+	for _, p := range append([]string{stdout, stderr}, o.outs...) {
+		if err := st.Output(p); err != nil {
+			return c.endStage(st, exitRunstate, err)
+		}
+	}
+	files, err := createStd(abs, stdout, stderr)
+	if err != nil {
+		return c.endStage(st, exitRunstate, err)
+	}
+	env := append(os.Environ(),
+		"RUNSTATE_DIR="+abs, "RUNSTATE_STAGE="+o.stage,
+		"RUNSTATE_ATTEMPT="+strconv.Itoa(st.Attempt()), "RUNSTATE_RUN="+r.ID())
+	res := runProc(proc{argv: o.argv, env: env, stdin: os.Stdin,
+		stdout: &tee{file: files[0], term: c.out}, stderr: &tee{file: files[1], term: c.err}})
+	for _, f := range files {
+		if err := f.Close(); err != nil && res.err == nil {
+			res.err = err
+		}
+	}
+
+	switch {
+	case !res.started:
+		code, advice := exitCannot, "check that it is an executable file"
+		if errors.Is(res.err, exec.ErrNotFound) || errors.Is(res.err, fs.ErrNotExist) {
+			code, advice = exitNotFound, "install it or fix PATH"
+		}
+		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; %s, then run exec again", quoteArg(o.argv[0]), res.err, advice))
+	case res.forwarded != nil && res.code != 0:
+		fmt.Fprintf(c.err, "runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again\n", o.stage, res.forwarded, st.Attempt())
+		return res.code
+	case res.err != nil:
+		return c.endStage(st, exitRunstate, fmt.Errorf("keeping the output of %s: %w", quoteArg(o.argv[0]), res.err))
+	case res.code != 0:
+		err := fmt.Errorf("command %s %s (its output: %s, %s)", quoteArg(o.argv[0]), res.how(), stdout, stderr)
+		switch {
+		case slices.Contains(o.person, res.code):
+			err = runstate.NeedsPerson(err, fmt.Sprintf("%s %s: look at %s", quoteArg(o.argv[0]), res.how(), stderr))
+		case slices.Contains(o.fatal, res.code):
+			err = runstate.Fatal(err)
+		}
+		if ferr := st.Fail(err); ferr != nil {
+			return c.failWith(exitRunstate, ferr)
+		}
+		then := ""
+		switch stageOf(r, o.stage).State {
+		case runstate.StateAwaiting:
+			then = fmt.Sprintf("; it awaits a person now: runstate approve %s %s -by NAME", quoteArg(r.Dir()), quoteArg(o.stage))
+		case runstate.StateFatal:
+			then = fmt.Sprintf("; that is final: fix the cause, then runstate invalidate %s %s -reason TEXT", quoteArg(r.Dir()), quoteArg(o.stage))
+		}
+		fmt.Fprintf(c.err, "runstate exec: %s: failed (attempt %d): %v%s\n", o.stage, st.Attempt(), err, then)
+		return res.code
+	}
+	for _, p := range o.outs {
+		if _, err := os.Stat(filepath.Join(abs, filepath.FromSlash(p))); err != nil {
+			return c.endStage(st, exitRunstate, fmt.Errorf("command %s exited 0 but did not write the output %s; write it, or drop -out", quoteArg(o.argv[0]), filepath.Join(r.Dir(), filepath.FromSlash(p))))
+		}
+	}
+	if err := st.Complete(); err != nil {
+		if errors.Is(err, runstate.ErrStale) {
+			return c.failWith(exitStale, fmt.Errorf("%w; run exec again", err))
+		}
+		return c.endStage(st, exitRunstate, err)
+	}
+	return exitOK
+}
+
+// endStage records err as the stage's failure, prints it, and returns code.
+func (c *cli) endStage(st *runstate.Stage, code int, err error) int {
+	c.fail(err)
+	if ferr := st.Fail(err); ferr != nil && !errors.Is(ferr, runstate.ErrClosed) {
+		c.fail(ferr)
+	}
+	return code
+}
+
+// createStd creates (truncating) the files that keep the command's
+// standard output and error, under the absolute run directory.
+func createStd(dir string, paths ...string) ([]*os.File, error) {
+	var files []*os.File
+	for _, p := range paths {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return nil, err
+		}
+		f, err := os.Create(full)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// stageOf is what r knows of stage (the zero StageStatus for a stage it
+// never heard of).
+func stageOf(r *runstate.Run, stage string) runstate.StageStatus {
+	s, _ := statusOf(r).Stage(stage)
+	return s
+}
+
+// doneWhy says why a stage that Begin found done is not run again.
+func doneWhy(s runstate.StageStatus) string {
+	if s.State == runstate.StateSkipped {
+		return "the stage was skipped (" + s.Reason + ")"
+	}
+	return fmt.Sprintf("complete since seq %d (attempt %d, %s) and its evidence holds: the same %d input(s), %d output(s) as recorded",
+		s.DoneSeq, s.Attempt, s.DoneAt.UTC().Format(time.RFC3339), len(s.Inputs), len(s.Outputs))
+}
+
+// runWhy says why a stage runs, from what the run knew of it before Begin
+// (prev) and after (cur): Begin records an invalidation or an interruption
+// as cur's reason.
+func runWhy(prev, cur runstate.StageStatus) string {
+	switch prev.State {
+	case "":
+		return "not run before"
+	case runstate.StateComplete, runstate.StateRunning:
+		return cur.Reason
+	case runstate.StateFailed:
+		return fmt.Sprintf("attempt %d failed: %s", prev.Attempt, oneLine(prev.Error, 200))
+	case runstate.StatePending:
+		if prev.Attempt == 0 {
+			return "not run before"
+		}
+	}
+	if prev.Reason != "" {
+		return oneLine(prev.Reason, 200)
+	}
+	return "the stage is " + prev.State
+}

@@ -1,0 +1,167 @@
+//go:build unix
+
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pidIn reads the pid a command wrote to path.
+func pidIn(t *testing.T, path string) int {
+	t.Helper()
+	waitFile(t, path)
+	var pid int
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(path)
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		pid = n
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	return pid
+}
+
+// gone reports whether no process pid exists any more (a zombie counts as
+// gone: it runs nothing).
+func gone(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return true
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false // no /proc: cannot tell a zombie
+	}
+	_, after, _ := strings.Cut(string(b), ") ")
+	return strings.HasPrefix(after, "Z")
+}
+
+// When exec is SIGKILLed the command dies too, and the next exec records
+// the attempt as interrupted and runs the stage again.
+func TestExecKilledKillsCommand(t *testing.T) {
+	if _, err := os.Stat("/proc/self"); err != nil {
+		t.Skip("needs Linux: a parent-death signal")
+	}
+	dir, work := shellRun(t, "slow")
+	pidFile := filepath.Join(work, "pid")
+	b := startCLI(t, "exec", dir, "slow", "--", "sh", "-c", `echo $$ > "$0"; exec sleep 60`, pidFile)
+	pid := pidIn(t, pidFile)
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
+	b.wait(t)
+	assert.Eventually(t, func() bool { return gone(pid) }, 10*time.Second, 10*time.Millisecond,
+		"the command (pid %d) outlived exec's SIGKILL", pid)
+
+	r := execCLI(t, dir, "slow", nil, "true")
+	require.Equal(t, 0, r.code, r.err)
+	assert.Contains(t, r.err, "slow: running (attempt 2): attempt 1 was interrupted: session")
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Metrics.Interrupted)
+}
+
+// SIGTERM to exec reaches the command's whole process group; a command
+// that then fails leaves the attempt for the next session (interrupted),
+// not failed, and exec exits with the command's status.
+func TestExecForwardsSignals(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir, work := shellRun(t, "slow")
+			ready, child := filepath.Join(work, "ready"), filepath.Join(work, "child")
+			// The shell waits on a child of its own: both must get the signal.
+			script := `trap 'echo got >> "$0"; exit 7' INT; trap 'echo got >> "$0"; wait; exit 7' TERM; sh -c 'trap "echo child >> \"$0\"; exit 0" TERM INT; sleep 60 & wait' "$1" & echo $$ > "$2"; wait; wait`
+			b := startCLI(t, "exec", dir, "slow", "--", "sh", "-c", script, filepath.Join(work, "got"), child, ready)
+			pidIn(t, ready)
+			time.Sleep(200 * time.Millisecond) // let the inner shell set its trap
+			require.NoError(t, b.cmd.Process.Signal(sig))
+			b.wait(t)
+			assert.Equal(t, 7, b.code, b.errb.String())
+			assert.Contains(t, b.errb.String(), "slow: interrupted by ")
+			assert.Equal(t, 1, lines(t, filepath.Join(work, "got")), "the command got the signal")
+			if sig == syscall.SIGTERM { // sh starts a background job with SIGINT ignored
+				assert.Equal(t, 1, lines(t, child), "the command's child got the signal")
+			}
+			s := stageStatus(t, dir, "slow")
+			assert.Equal(t, runstate.StateRunning, s.State, "the attempt is left for the next session")
+			assert.Zero(t, s.Failures)
+			r := execCLI(t, dir, "slow", nil, "true")
+			require.Equal(t, 0, r.code, r.err)
+			assert.Contains(t, r.err, "attempt 1 was interrupted")
+		})
+	}
+}
+
+// What the command leaves running in its process group is ended when it
+// exits (SIGTERM, then SIGKILL), so that exec does not wait for it (it
+// holds the output pipes).
+func TestExecKillsLeftovers(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	pidFile := filepath.Join(work, "pid")
+	start := time.Now()
+	r := execCLI(t, dir, "a", nil, "sh", "-c", `sleep 60 & echo $! > "$0"; echo done`, pidFile)
+	require.Equal(t, 0, r.code, r.err)
+	assert.Less(t, time.Since(start), 20*time.Second)
+	pid := pidIn(t, pidFile)
+	assert.Eventually(t, func() bool { return gone(pid) }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A closed standard output (runstate exec ... | head -1) neither kills exec
+// nor cuts what the stage keeps.
+func TestExecClosedStdout(t *testing.T) {
+	dir, _ := shellRun(t, "loud")
+	cmd := exec.Command(bin, "exec", dir, "loud", "--", "seq", "100000")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	require.NoError(t, cmd.Start())
+	first := make([]byte, 6)
+	_, err = io.ReadFull(stdout, first)
+	require.NoError(t, err)
+	require.NoError(t, stdout.Close())
+	require.NoError(t, cmd.Wait(), errb.String())
+	assert.Equal(t, "1\n2\n3\n", string(first))
+	b, err := os.ReadFile(filepath.Join(dir, "exec", "loud.stdout"))
+	require.NoError(t, err)
+	assert.Equal(t, 100000, strings.Count(string(b), "\n"))
+	assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, "loud").State)
+}
+
+// A command that changes its own -in file while it runs makes the stage
+// stale, not complete: exit 124.
+func TestExecStale(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	src := filepath.Join(work, "src")
+	require.NoError(t, os.WriteFile(src, []byte("1\n"), 0o644))
+	r := execCLI(t, dir, "a", []string{"-in", src}, "sh", "-c", `echo 2 > "$0"`, src)
+	assert.Equal(t, exitStale, r.code, r.err)
+	assert.Contains(t, r.err, "input "+src+" changed while the stage ran")
+	assert.Equal(t, runstate.StatePending, stageStatus(t, dir, "a").State)
+}
+
+// exec writes the command's output nowhere outside the run directory, even
+// when DIR/exec is a symbolic link that leads elsewhere: the stage records
+// its outputs (Stage.Output checks them) before the files are created.
+func TestExecRefusesLinkOutOfRun(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	outside := filepath.Join(work, "outside")
+	require.NoError(t, os.Mkdir(outside, 0o755))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "exec")))
+	r := execCLI(t, dir, "a", nil, "echo", "hi")
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "outputs must stay inside the run directory")
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "exec wrote outside the run directory")
+	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "a").State)
+}

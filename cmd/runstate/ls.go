@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/runstate/runstate"
+)
+
+var lsCmd = &command{
+	name:     "ls",
+	synopsis: "[-json] [-depth N] [ROOT...]",
+	short:    "every run under the roots, one line each; what needs a person first",
+	long: `Ls finds every run directory (one holding logs/ledger.jsonl) under each
+ROOT (default: the current directory) and prints one line for each: the
+directory, its request, progress (done/planned stages), its state, the
+first thing that blocks it, and the age of its last ledger record.
+
+The states, in the order ls sorts them:
+
+  blocked   a person must act: a stage awaits approval or failed fatally,
+            or a side effect's outcome is unknown
+  failed    a stage's last attempt failed (retryable: run the pipeline again)
+  stopped   nothing runs and planned work remains, or a stage was
+            interrupted (its session died): run the pipeline again
+  running   a live session is running a stage (this wins over failed
+            and stopped)
+  finished  every planned stage is done
+
+Ls descends at most -depth directories below a root, not into a run
+directory, not through symbolic links, and not into .git or node_modules;
+it gives up (and says so) after visiting 100,000 directories. Like status it
+takes no lock and writes nothing.
+
+With -json it prints a JSON array of {"dir", "id", "request", "done",
+"planned", "state", "blocker" (a runstate.Blocker, or absent), "last_record"
+(RFC 3339), "age_seconds", "seq", "error"}.
+
+Exit status 0; 3 when any run is blocked; 1 when a run or a root could not
+be read (its line says why) and none is blocked.`,
+	min: 0, max: -1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		asJSON := fs.Bool("json", false, "print JSON")
+		depth := fs.Int("depth", 6, "descend at most `N` directories below each root")
+		return func(c *cli, args []string) int {
+			if len(args) == 0 {
+				args = []string{"."}
+			}
+			return c.ls(args, *depth, *asJSON)
+		}
+	},
+}
+
+// lsMaxDirs bounds the directories ls visits.
+const lsMaxDirs = 100_000
+
+// lsRun is one line of ls, and its -json shape.
+type lsRun struct {
+	Dir        string            `json:"dir"`
+	ID         string            `json:"id,omitempty"`
+	Request    string            `json:"request,omitempty"`
+	Done       int               `json:"done"`
+	Planned    int               `json:"planned"`
+	State      string            `json:"state"`
+	Blocker    *runstate.Blocker `json:"blocker,omitempty"`
+	LastRecord time.Time         `json:"last_record,omitzero"`
+	Age        float64           `json:"age_seconds"`
+	Seq        int64             `json:"seq"`
+	Error      string            `json:"error,omitempty"`
+}
+
+// lsRank orders the states: what needs a person first.
+var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "running": 4, "finished": 5}
+
+func (c *cli) ls(roots []string, depth int, asJSON bool) int {
+	var dirs []string
+	visited, unreadable := 0, false
+	var walk func(dir string, level int)
+	walk = func(dir string, level int) {
+		if visited >= lsMaxDirs {
+			return
+		}
+		visited++
+		if fi, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil && fi.Mode().IsRegular() {
+			dirs = append(dirs, dir)
+			return
+		}
+		if level >= depth {
+			return
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			if level == 0 {
+				fmt.Fprintf(c.err, "runstate ls: %v; give a directory that exists\n", err)
+				unreadable = true
+			}
+			return
+		}
+		for _, e := range entries {
+			if !e.IsDir() || e.Name() == ".git" || e.Name() == "node_modules" {
+				continue // a symbolic link is not a directory entry here
+			}
+			walk(filepath.Join(dir, e.Name()), level+1)
+		}
+	}
+	for _, root := range roots {
+		walk(filepath.Clean(root), 0)
+	}
+	if visited >= lsMaxDirs {
+		fmt.Fprintf(c.err, "runstate ls: stopped after %d directories; give narrower roots or a smaller -depth\n", lsMaxDirs)
+	}
+
+	now := time.Now()
+	runs := make([]lsRun, 0, len(dirs))
+	for _, d := range dirs {
+		runs = append(runs, lsOne(d, now))
+	}
+	sort.SliceStable(runs, func(i, j int) bool {
+		a, b := runs[i], runs[j]
+		if lsRank[a.State] != lsRank[b.State] {
+			return lsRank[a.State] < lsRank[b.State]
+		}
+		if !a.LastRecord.Equal(b.LastRecord) {
+			return a.LastRecord.After(b.LastRecord)
+		}
+		return a.Dir < b.Dir
+	})
+	code := exitOK
+	if unreadable {
+		code = exitFail
+	}
+	for _, r := range runs {
+		switch {
+		case r.State == "blocked":
+			code = exitBlocked
+		case r.State == "error" && code == exitOK:
+			code = exitFail
+		}
+	}
+	if asJSON {
+		if err := writeJSON(c.out, runs); err != nil {
+			return c.fail(err)
+		}
+		return code
+	}
+	w := bufio.NewWriter(c.out)
+	defer w.Flush()
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DIR\tREQUEST\tDONE\tSTATE\tFIRST BLOCKER\tLAST RECORD")
+	for _, r := range runs {
+		blocker := "-"
+		switch {
+		case r.Error != "":
+			blocker = oneLine(r.Error, 60)
+		case r.Blocker != nil:
+			what := r.Blocker.Stage
+			if what == "" {
+				what = "effect " + r.Blocker.Key
+			}
+			blocker = oneLine(what+" "+r.Blocker.Kind+": "+r.Blocker.Reason, 60)
+		}
+		age := "-"
+		if !r.LastRecord.IsZero() {
+			age = ago(now.Sub(r.LastRecord)) + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Dir, oneLine(r.Request, 40), r.Done, r.Planned, r.State, blocker, age)
+	}
+	tw.Flush()
+	return code
+}
+
+// lsOne reads the run in dir for ls.
+func lsOne(dir string, now time.Time) lsRun {
+	r := lsRun{Dir: dir}
+	if fi, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil {
+		r.LastRecord = fi.ModTime().UTC()
+		r.Age = now.Sub(fi.ModTime()).Seconds()
+	}
+	st, err := runstate.Inspect(dir)
+	if err != nil {
+		r.State, r.Error = "error", err.Error()
+		return r
+	}
+	r.ID, r.Request, r.Seq = st.ID, st.Request, st.Seq
+	r.Done, r.Planned = st.Done, st.Done+st.Remaining
+	if len(st.Plan) == 0 { // no plan: count the stages it knows
+		r.Done, r.Planned = 0, len(st.Stages)
+		for _, s := range st.Stages {
+			if s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
+				r.Done++
+			}
+		}
+	}
+	alive := sessionsAlive(dir, st)
+	first := func(kinds ...string) *runstate.Blocker {
+		for _, b := range st.Blockers {
+			for _, k := range kinds {
+				if b.Kind == k {
+					return &b
+				}
+			}
+		}
+		return nil
+	}
+	if b := first("awaiting", "fatal", "unconfirmed"); b != nil {
+		r.State, r.Blocker = "blocked", b
+		return r
+	}
+	var running, interrupted, failed *runstate.StageStatus
+	for i, s := range st.Stages {
+		switch {
+		case s.State == runstate.StateRunning && alive[s.Session]:
+			running = &st.Stages[i]
+		case s.State == runstate.StateRunning, s.State == runstate.StateInterrupted:
+			if interrupted == nil {
+				interrupted = &st.Stages[i]
+			}
+		case s.State == runstate.StateFailed:
+			if failed == nil {
+				failed = &st.Stages[i]
+			}
+		}
+	}
+	switch {
+	case running != nil:
+		r.State = "running"
+	case failed != nil:
+		r.State = "failed"
+		r.Blocker = &runstate.Blocker{Kind: "failed", Stage: failed.Name, Reason: failed.Error,
+			Action: "run the pipeline again: the stage is retried"}
+	case interrupted != nil:
+		r.State = "stopped"
+		r.Blocker = &runstate.Blocker{Kind: "interrupted", Stage: interrupted.Name,
+			Reason: fmt.Sprintf("attempt %d's session is gone", interrupted.Attempt),
+			Action: "run the pipeline again: the stage begins anew"}
+	case r.Planned > 0 && r.Done == r.Planned:
+		r.State = "finished"
+	default:
+		r.State = "stopped"
+	}
+	return r
+}
+
+// ago is d, short: 45s, 12m, 3h, 5d.
+func ago(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(max(d, 0).Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}

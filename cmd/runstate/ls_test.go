@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ls lists every run under the roots, what needs a person first, reads
+// only, does not descend into runs or through symbolic links, and exits 3
+// when a run is blocked.
+func TestLs(t *testing.T) {
+	root := t.TempDir()
+	mk := func(rel string, stages ...string) string {
+		dir := filepath.Join(root, rel)
+		r := runCLI(t, append([]string{"plan", dir, "-request", "run " + rel}, stages...)...)
+		require.Equal(t, 0, r.code, r.err)
+		return dir
+	}
+	fin := mk("a/finished", "x")
+	require.Equal(t, 0, runCLI(t, "skip", fin, "x", "-reason", "nothing to do").code)
+	mk("b/stopped", "x", "y")
+	awaiting := mk("c/deep/awaiting", "x", "review")
+	require.Equal(t, 0, runCLI(t, "skip", awaiting, "x", "-reason", "r").code)
+	require.Equal(t, exitPerson, runCLI(t, "await", awaiting, "review", "-reason", "read the diff").code)
+	failed := mk("d/failed", "x")
+	if runtime.GOOS != "windows" {
+		require.Equal(t, 3, execCLI(t, failed, "x", nil, "sh", "-c", "exit 3").code)
+	}
+	// A run inside a run directory is not looked for, nor one behind a link.
+	mk("a/finished/artifacts/inner", "x")
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(filepath.Join(root, "b"), link); err != nil {
+		t.Logf("no symbolic link: %v", err)
+	}
+
+	trees := func() (all []map[string]string) {
+		for _, d := range []string{"a", "b", "c", "d"} {
+			all = append(all, tree(t, filepath.Join(root, d)))
+		}
+		return all
+	}
+	before := trees()
+	r := runCLI(t, "ls", root)
+	assert.Equal(t, before, trees(), "ls wrote to the runs")
+	assert.Equal(t, exitBlocked, r.code, r.err)
+	rows := strings.Split(strings.TrimSpace(r.out), "\n")
+	require.Len(t, rows, 5, r.out)
+	assert.Contains(t, rows[0], "FIRST BLOCKER")
+	assert.Regexp(t, `^\S*c/deep/awaiting\s+run c/deep/awaiting\s+1/2\s+blocked\s+review awaiting: read the diff\s+\d+s ago$`, rows[1])
+	if runtime.GOOS != "windows" {
+		assert.Regexp(t, `d/failed .* 0/1\s+failed\s+x failed: command sh exited 3`, rows[2])
+	}
+	assert.Regexp(t, `b/stopped .* 0/2\s+stopped\s+-`, r.out)
+	assert.Regexp(t, `a/finished .* 1/1\s+finished\s+-`, rows[4])
+
+	r = runCLI(t, "ls", "-json", filepath.Join(root, "a"), filepath.Join(root, "b"))
+	assert.Equal(t, exitOK, r.code, r.err)
+	var runs []lsRun
+	require.NoError(t, json.Unmarshal([]byte(r.out), &runs))
+	require.Len(t, runs, 2)
+	assert.Equal(t, "stopped", runs[0].State)
+	assert.Equal(t, "finished", runs[1].State)
+	assert.Equal(t, "run a/finished", runs[1].Request)
+	assert.Equal(t, 1, runs[1].Done)
+
+	r = runCLI(t, "ls", filepath.Join(root, "nowhere"))
+	assert.Equal(t, exitFail, r.code, r.err)
+	assert.Contains(t, r.err, "give a directory that exists")
+
+	r = runCLI(t, "ls", "-depth", "1", root)
+	assert.Equal(t, exitOK, r.code, r.err)
+	assert.Equal(t, 1, strings.Count(r.out, "\n"), "no run within one level: %s", r.out)
+}

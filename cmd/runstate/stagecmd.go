@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/runstate/runstate"
+)
+
+var planCmd = &command{
+	name:     "plan",
+	synopsis: "DIR STAGE... [-request TEXT]",
+	short:    "record the stages a pipeline has, in order",
+	long: `Plan records the work that exists in the run in DIR: the stages, in order,
+that status, next and ls count as done and remaining. Planning the same
+stages again records nothing; another list replaces the plan. The record is
+durable when plan returns. DIR must hold a run, unless -request TEXT creates
+it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
+	min: 2, max: -1,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
+		return func(c *cli, args []string) int {
+			return c.pipeline("plan", args[0], *request, func(ctx context.Context, r *runstate.Run) (string, error) {
+				old := statusOf(r).Plan
+				if err := r.Plan(ctx, args[1:]...); err != nil {
+					return "", err
+				}
+				if slices.Equal(old, args[1:]) {
+					return "plan unchanged: " + strings.Join(args[1:], ", "), nil
+				}
+				return fmt.Sprintf("planned %d stage(s): %s", len(args)-1, strings.Join(args[1:], ", ")), nil
+			})
+		}
+	},
+}
+
+var skipCmd = &command{
+	name:     "skip",
+	synopsis: "DIR STAGE -reason TEXT",
+	short:    "record that a stage is not needed (it counts as done)",
+	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
+it counts as done, and exec skips it. A stage that is done already is left
+as it is (nothing recorded). The record is durable when skip returns.`,
+	min: 2, max: 2,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		reason := fs.String("reason", "", "`TEXT`: why the stage is not needed (required)")
+		return func(c *cli, args []string) int {
+			if strings.TrimSpace(*reason) == "" {
+				return c.usageError("skip", "-reason TEXT is required")
+			}
+			return c.pipeline("skip", args[0], "", func(ctx context.Context, r *runstate.Run) (string, error) {
+				s, _ := statusOf(r).Stage(args[1])
+				if s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
+					return fmt.Sprintf("stage %s is %s already: nothing recorded", args[1], s.State), nil
+				}
+				return "skipped stage " + args[1], r.Skip(ctx, args[1], *reason)
+			})
+		}
+	},
+}
+
+var awaitCmd = &command{
+	name:     "await",
+	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D]",
+	short:    "a stage that a person must approve: exit 0 once approved",
+	long: `Await makes STAGE of the run in DIR a person's review: the first time, it
+begins the stage with the evidence given (as exec's flags), records the -out
+files as its outputs and records that it awaits a person with the reason
+(what to review), durably, and exits 122. While it awaits, await exits 122
+again. Once a person ran 'runstate approve DIR STAGE -by NAME', the stage is
+complete, and await exits 0 (as long as its evidence holds: a changed input
+or output asks for a review again). So a pipeline line
+
+  runstate await DIR review -reason "read the diff" -after execute || exit
+
+stops the pipeline until the review is done.
+
+Exit status: 0 approved; 122 awaits a person; 121 another live session runs
+the stage; 123 it failed fatally; 2 a usage error; 125 runstate could not
+record it.`,
+	min: 2, max: 2,
+	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
+		reason := fs.String("reason", "", "`TEXT`: what the person is asked to review or decide (required)")
+		var ev evidenceFlags
+		ev.register(fs)
+		return func(c *cli, args []string) int {
+			if strings.TrimSpace(*reason) == "" {
+				return c.usageError("await", "-reason TEXT is required")
+			}
+			inputs, outs, err := ev.resolve(args[0])
+			if err != nil {
+				return c.usageError("await", err.Error())
+			}
+			return c.await(args[0], args[1], *reason, inputs, outs)
+		}
+	},
+}
+
+func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []string) int {
+	r, code := c.openRun("await", dir, "", 0)
+	if r == nil {
+		return code
+	}
+	ctx := context.Background()
+	st, err := r.Begin(ctx, stage, inputs...)
+	switch {
+	case errors.Is(err, runstate.ErrDone):
+		fmt.Fprintf(c.err, "runstate await: %s: approved: %s\n", stage, doneWhy(stageOf(r, stage)))
+		return c.closeRun(r, exitOK)
+	case err != nil:
+		return c.closeRun(r, c.failWith(beginStatus(err), inDir(err, dir)))
+	}
+	for _, p := range outs {
+		if err := st.Output(p); err != nil {
+			return c.closeRun(r, c.endStage(st, exitRunstate, err))
+		}
+	}
+	err = st.Await(reason)
+	if !errors.Is(err, runstate.ErrNeedsPerson) {
+		return c.closeRun(r, c.endStage(st, exitRunstate, err))
+	}
+	fmt.Fprintf(c.err, "runstate await: %s awaits a person: %s; clear it with: runstate approve %s %s -by NAME\n", stage, reason, quoteArg(dir), quoteArg(stage))
+	return c.closeRun(r, exitPerson)
+}
+
+// pipeline opens the run in dir (creating it with request), calls fn,
+// closes the session and prints what fn did.
+func (c *cli) pipeline(name, dir, request string, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+	r, code := c.openRun(name, dir, request, 0)
+	if r == nil {
+		return code
+	}
+	what, err := fn(context.Background(), r)
+	if err != nil {
+		code := exitFail
+		if errors.Is(err, runstate.ErrInvalid) {
+			code = exitUsage
+		}
+		return c.closeRun(r, c.failWith(code, err))
+	}
+	seq := statusOf(r).Seq
+	if code := c.closeRun(r, exitOK); code != exitOK {
+		return code
+	}
+	fmt.Fprintf(c.out, "%s (ledger seq %d in %s)\n", what, seq, dir)
+	return exitOK
+}
+
+// statusOf is r's status, or an empty one.
+func statusOf(r *runstate.Run) *runstate.Status {
+	st, err := r.Status()
+	if err != nil {
+		return &runstate.Status{}
+	}
+	return st
+}
