@@ -78,26 +78,34 @@ func (s *state) expandPlan() []string {
 }
 
 // setPlan makes plan the plan, marking the stages that leave it dropped
-// and those in it not dropped.
+// and those in it not dropped. It costs O(plan), like the plan record.
 func (s *state) setPlan(plan []string) {
 	in := make(map[string]bool, len(plan))
+	changed := false
 	for _, n := range plan {
 		in[n] = true
-		s.stage(n).Dropped = false
+		if st := s.stage(n); st.Dropped {
+			st.Dropped, changed = false, true
+		}
 	}
 	for _, n := range s.plan {
-		if !in[n] {
-			s.stage(n).Dropped = true
+		if st := s.stage(n); !in[n] && !st.Dropped {
+			st.Dropped, changed = true, true
+			s.dropped = append(s.dropped, n)
 		}
 	}
 	s.plan = plan
 	s.planned.build(s)
-	s.listDropped()
+	if changed {
+		s.dropped = slices.DeleteFunc(s.dropped, func(n string) bool { return !s.stages[n].Dropped })
+		slices.Sort(s.dropped)
+		s.dropped = slices.Compact(s.dropped)
+	}
 }
 
 // listDropped lists the dropped stages for the handoff, which is rendered
-// after every append and so must not look at every stage. The caller has
-// changed the plan (or read a manifest).
+// after every append and so must not look at every stage: for a state
+// read from manifest.json (setPlan keeps the list up to date).
 func (s *state) listDropped() {
 	s.dropped = s.dropped[:0]
 	for n, st := range s.stages {

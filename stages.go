@@ -152,7 +152,7 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			}
 			fp, err := hashFile(path)
 			if isNotExist(err) {
-				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path; File paths are relative to Options.SourceDir, %s)", in.name, err, r.src)
+				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path; File paths are relative to Options.SourceDir, by default the working directory at Open)", in.name, err)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
