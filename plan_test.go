@@ -217,3 +217,23 @@ func TestStagePlanSurvivesEveryCut(t *testing.T) {
 	}
 	assert.Greater(t, complete, 0)
 }
+
+// A plan stage that waits for a review of its plan records the plan with
+// its await: a reviewer sees the stages it found.
+func TestStagePlanIsRecordedWithAwait(t *testing.T) {
+	r, _ := newTestRun(t)
+	ctx := context.Background()
+	require.NoError(t, r.Plan(ctx, "plan", "verify"))
+	err := r.Do(ctx, "plan", func(_ context.Context, st *runstate.Stage) error {
+		require.NoError(t, st.Plan("execute/a"))
+		return st.Await("review the plan")
+	})
+	require.ErrorIs(t, err, runstate.ErrNeedsPerson)
+	s, err := r.Status()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"plan", "execute/a", "verify"}, s.Plan)
+	require.NoError(t, r.Approve(ctx, "plan", "reviewer", "ok"))
+	s, err = r.Status()
+	require.NoError(t, err)
+	assert.Equal(t, "execute/a", s.Next)
+}
