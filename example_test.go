@@ -223,3 +223,82 @@ func Example_readme() {
 	// done: cat logs/next-steps.txt in triage-run
 	// <nil>
 }
+
+// OnRecord sees each record as it lands, and a notice for each stage that
+// Begin finds done: enough to print what a run does and why.
+func ExampleOptions_onRecord() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	src := filepath.Join(dir, "checkout") // File paths are relative to it
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "parser.go"), []byte("package parser\n"), 0o644)
+
+	progress := func(rec runstate.Record) {
+		switch {
+		case rec.Ev == "begin" && rec.Attempt == 1:
+			fmt.Printf("run  %s (%s)\n", rec.Stage, rec.Reason)
+		case rec.Ev == "begin":
+			fmt.Printf("redo %s (%s)\n", rec.Stage, rec.Reason)
+		case rec.Ev == "skip":
+			fmt.Printf("skip %s (%s)\n", rec.Stage, rec.Reason)
+		}
+	}
+	pipeline := func() {
+		run, err := runstate.Open(filepath.Join(dir, "run"), &runstate.Options{
+			Request:   "add tests for the billing parser",
+			SourceDir: src,
+			OnRecord:  progress,
+		})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer run.Close()
+		run.Do(ctx, "inspect", func(ctx context.Context, st *runstate.Stage) error {
+			body, _ := os.ReadFile(filepath.Join(src, "parser.go"))
+			return st.WriteFile("artifacts/inspect.txt", body)
+		}, runstate.File("parser.go"))
+		run.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
+			body, _ := os.ReadFile(filepath.Join(dir, "run", "artifacts", "inspect.txt"))
+			return st.WriteFile("artifacts/plan.md", body)
+		}, runstate.After("inspect"))
+	}
+
+	pipeline()
+	pipeline()
+	os.WriteFile(filepath.Join(src, "parser.go"), []byte("package parser // changed\n"), 0o644)
+	pipeline()
+	// Output:
+	// run  inspect (first attempt)
+	// run  plan (first attempt)
+	// skip inspect (done, evidence holds)
+	// skip plan (done, evidence holds)
+	// redo inspect (input parser.go changed)
+	// redo plan (input after:inspect changed (stage inspect was redone with other results))
+}
+
+// A plan stage declares the stages it discovered; they are recorded with
+// its completion, in the same write, and take their place in the plan.
+func ExampleStage_Plan() {
+	dir, _ := os.MkdirTemp("", "runstate-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	run, _ := runstate.Open(dir, &runstate.Options{Request: "fix the findings"})
+	defer run.Close()
+
+	run.Plan(ctx, "plan", "verify")
+	run.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
+		findings := []string{"execute/negative-amounts", "execute/rounding"} // what the plan found
+		if err := st.Plan(findings...); err != nil {
+			return err
+		}
+		return st.WriteFile("artifacts/plan.md", []byte("1. negative amounts\n2. rounding\n"))
+	})
+	s, _ := run.Status()
+	fmt.Println("plan:", s.Plan)
+	fmt.Println("next:", s.Next)
+	// Output:
+	// plan: [plan execute/negative-amounts execute/rounding verify]
+	// next: execute/negative-amounts
+}

@@ -54,6 +54,12 @@ type manifest struct {
 	Identity    runIdentity       `json:"identity"` // the create record's data
 	Last        string            `json:"last,omitempty"`
 	LastDone    string            `json:"last_done,omitempty"`
+
+	// With stages' parts of the plan (Stage.Plan): the run's part, and
+	// each stage's. Plan is what they make (plan.go).
+	TopPlan []string            `json:"top_plan,omitempty"`
+	Plans   map[string][]string `json:"plans,omitempty"`
+
 	// Sum is the hex SHA-256 of the manifest encoded with Sum empty: a
 	// manifest edited by hand, or damaged, is not a snapshot to resume
 	// from (Open replays the ledger instead).
@@ -246,6 +252,10 @@ func appendStage(b []byte, st *StageStatus) ([]byte, error) {
 		o.key("review")
 		o.b = append(o.b, "true"...)
 	}
+	if st.Dropped {
+		o.key("dropped")
+		o.b = append(o.b, "true"...)
+	}
 	if st.DoneSeq != 0 {
 		o.int("done_seq", st.DoneSeq)
 	}
@@ -401,6 +411,9 @@ func (s *state) snapshot(now time.Time) *manifest {
 	if m.Plan == nil {
 		m.Plan = []string{}
 	}
+	if len(s.sub) > 0 {
+		m.TopPlan, m.Plans = s.top, s.sub
+	}
 	for _, name := range names {
 		m.Stages = append(m.Stages, s.stages[name])
 	}
@@ -445,7 +458,10 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 	s.env = m.Environment
 	s.pos = chain{seq: m.Seq, hash: m.Ledger.Hash, offset: m.Ledger.End}
 	s.lastLen = m.Ledger.End - m.Ledger.Offset
-	s.plan = m.Plan
+	s.plan, s.top = m.Plan, m.Plan
+	if len(m.Plans) > 0 {
+		s.top, s.sub = m.TopPlan, m.Plans
+	}
 	for _, st := range m.Stages {
 		if st == nil || st.Name == "" {
 			return nil, snapshotPos{}, fmt.Errorf("stage without a name")
@@ -578,6 +594,12 @@ func (d *decoder) stage(p *parser) (*StageStatus, bool) {
 				p.i += len("true")
 			}
 			return 1 << 10, st.Review // false is never written
+		case "dropped":
+			st.Dropped = bytes.HasPrefix(p.b[p.i:], []byte("true"))
+			if st.Dropped {
+				p.i += len("true")
+			}
+			return 1 << 16, st.Dropped // false is never written
 		case "done_seq":
 			st.DoneSeq, ok = p.int64()
 			return 1 << 11, ok

@@ -80,6 +80,10 @@ func (s *state) nextSteps() string {
 	if rest.n > 0 {
 		fmt.Fprintf(&b, "then:     %s\n", rest)
 	}
+	if n := len(s.dropped); n > 0 {
+		dropped := shortList{names: s.dropped[:min(n, shortListMax)], n: n}
+		fmt.Fprintf(&b, "dropped:  %s (planned once, no longer: not counted)\n", dropped)
+	}
 
 	b.WriteString("\n")
 	var blockers []Blocker

@@ -77,6 +77,32 @@ type Options struct {
 	// in a power failure. Tests only.
 	NoSync bool
 
+	// SourceDir is the directory that File paths are relative to, and
+	// that File inputs are recorded relative to: a File path inside it is
+	// recorded cleaned and with forward slashes ("parser/parser.go"), so
+	// the same checkout opened from another directory, or moved, keeps
+	// its evidence; a File path outside it is recorded as an absolute
+	// path. Empty means the working directory at Open. A relative
+	// SourceDir is taken relative to the working directory at Open.
+	SourceDir string
+
+	// OnRecord, when set, is called with each record this Run appends,
+	// in ledger order, once it is durable (the invalidate, interrupted and
+	// begin records that Begin writes: once written, like the begin, which
+	// the stage's end makes durable), with no lock of the Run's held, never
+	// by two goroutines at once. It may be called on another goroutine
+	// than the one whose call wrote the record, and after that call
+	// returned; records of a batch that did not land are not reported.
+	// When Begin (or Do) finds a stage done and its evidence holding,
+	// which writes no record, OnRecord gets a notice: a Record with Seq 0,
+	// Ev "skip", the stage, its attempt and Reason "done, evidence holds"
+	// (or "skipped: REASON" for a stage that Skip skipped). Records that
+	// other processes append are not reported (Refresh, then Status, or
+	// Inspect, read them). OnRecord must not block: the committing
+	// goroutine runs it, and every other waits for the commit after it.
+	// It may call the Run's methods. Nil means no calls, at no cost.
+	OnRecord func(Record)
+
 	// fs replaces the operating system's file system (fault injection in
 	// tests). Nil means the real one.
 	fs fileSystem
@@ -186,6 +212,9 @@ type Run struct {
 	manifest   time.Time
 	// manifestCost is how long the last manifest rewrite took.
 	manifestCost time.Duration
+
+	notes notifier // Options.OnRecord (onrecord.go)
+	src   string   // Options.SourceDir, absolute (sourcedir.go)
 }
 
 // Open creates the run in dir, or resumes the run that is there, and starts
@@ -215,7 +244,7 @@ func Open(dir string, opts *Options) (*Run, error) {
 	if o.ManifestInterval == 0 {
 		o.ManifestInterval = time.Second
 	}
-	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger}
+	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir)}
 	if r.fs == nil {
 		r.fs = osFS{}
 	}
@@ -226,6 +255,7 @@ func Open(dir string, opts *Options) (*Run, error) {
 		r.release(true) // no open record was written: nothing to prove gone
 		return nil, err
 	}
+	r.notes.deliver()
 	return r, nil
 }
 
@@ -682,6 +712,7 @@ func (r *Run) commitTx(t *tx) ([]*Record, error) {
 	}
 	r.leading = false
 	r.mu.Unlock()
+	r.notes.deliver()
 	<-t.done
 	return t.recs, t.err
 }
@@ -733,6 +764,7 @@ func (r *Run) leadLater(batch []*tx) {
 		r.leading = false
 	}
 	r.mu.Unlock()
+	r.notes.deliver()
 }
 
 // await waits for t's batch. A caller whose context ends (or, without
@@ -1105,6 +1137,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 	var w written
 	var buf bytes.Buffer
 	start := r.st.pos
+	mark := r.notes.mark()
 	startLen := r.st.lastLen
 	now := time.Now().UTC()
 	for _, t := range batch {
@@ -1132,6 +1165,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 			r.st.apply(rec)
 			r.st.pos = chain{seq: rec.Seq, hash: lineHash(line), offset: r.st.pos.offset + int64(len(line)+1)}
 			r.st.lastLen = int64(len(line) + 1)
+			r.notes.written(rec)
 		}
 		t.recs = recs
 		w.sync = w.sync || t.sync
@@ -1154,6 +1188,7 @@ func (r *Run) writeBatch(batch []*tx) written {
 		for _, t := range w.ok {
 			t.err, t.recs = werr, nil
 		}
+		r.notes.cut(mark)
 		r.reload(start, startLen)
 		return written{}
 	}
@@ -1216,6 +1251,7 @@ func (r *Run) apply(batch []*tx) {
 		if err != nil {
 			r.setSticky(err)
 			failAll(err)
+			r.notes.lost()
 			return
 		}
 	}
@@ -1236,6 +1272,7 @@ func (r *Run) apply(batch []*tx) {
 	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.manifestInterval() {
 		r.writeManifest()
 	}
+	r.notes.durable()
 }
 
 // reload rebuilds the state from the disk after a write that did not land.

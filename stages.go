@@ -39,11 +39,16 @@ const (
 	inputValidFor
 )
 
-// File is the content of the file at path, opened as os.Open would (relative
-// to the working directory). Its name in the ledger is path as given. The
-// file is hashed at Begin and again at Complete (a change in between makes
-// Complete return ErrStale). A missing file is an error at Begin, never an
-// empty fingerprint.
+// File is the content of the file at path, relative to Options.SourceDir
+// (by default the working directory at Open) unless it is absolute. Its
+// name in the ledger, which reasons quote, is path relative to SourceDir,
+// cleaned and with forward slashes ("parser/parser.go"); a path outside
+// SourceDir is recorded as an absolute path. The file is hashed at Begin
+// and again at Complete (a change in between makes Complete return
+// ErrStale). A missing file is an error at Begin, never an empty
+// fingerprint. A stage completed before SourceDir existed recorded its
+// File inputs by the path as given; Begin matches those to the same path
+// given again, so they keep their evidence.
 func File(path string) Input { return Input{kind: inputFile, name: path} }
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
@@ -91,24 +96,20 @@ func checkName(name string) error {
 
 // Plan records the work that exists, in order: the stages next-steps.txt
 // and Status count as done and remaining. Planning the same stages again
-// writes nothing; a different list is recorded (durably) and replaces it.
-// Stages may be begun without being planned. Safe for concurrent use.
+// writes nothing; a different list is recorded (durably) and replaces it,
+// and the stages it no longer names are dropped (see Stage.Plan). The
+// stages that a stage discovered (Stage.Plan) stay in the plan, after
+// that stage: Plan names only the run's own. Stages may be begun without
+// being planned. Safe for concurrent use.
 func (r *Run) Plan(ctx context.Context, stages ...string) error {
-	seen := map[string]bool{}
-	for _, n := range stages {
-		if err := checkName(n); err != nil {
-			return err
-		}
-		if seen[n] {
-			return fmt.Errorf("%w: stage %q planned twice", ErrInvalid, n)
-		}
-		seen[n] = true
+	if err := checkPlan(stages); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
-		if slices.Equal(s.plan, stages) {
+		if slices.Equal(s.top, stages) {
 			return nil, nil
 		}
 		data, _ := json.Marshal(stages)
@@ -121,6 +122,7 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 type evidence struct {
 	list     []Input
 	inputs   map[string]string // File and Value fingerprints
+	given    map[string]string // File inputs recorded under another name than given: name -> as given
 	after    []string          // stages named by After
 	validFor time.Duration
 }
@@ -144,14 +146,24 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 		}
 		switch in.kind {
 		case inputFile:
-			fp, err := hashFile(in.name)
+			name, path := r.sourcePath(in.name)
+			if _, dup := ev.inputs[name]; dup {
+				return nil, fmt.Errorf("%w: input %q given twice (as %q)", ErrInvalid, name, in.name)
+			}
+			fp, err := hashFile(path)
 			if isNotExist(err) {
-				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path)", in.name, err)
+				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path; File paths are relative to Options.SourceDir, by default the working directory at Open)", in.name, err)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
 			}
-			ev.inputs[in.name] = fp
+			ev.inputs[name] = fp
+			if name != in.name {
+				if ev.given == nil {
+					ev.given = map[string]string{}
+				}
+				ev.given[name] = in.name
+			}
 		case inputValue:
 			ev.inputs[in.name] = in.fp
 		case inputAfter:
@@ -313,6 +325,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		}
 		var fps map[string]string
 		var attempt int
+		var why string
 		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
@@ -339,6 +352,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			case StateFatal:
 				return nil, fmt.Errorf("%w: %s: %s; fix the cause, then 'runstate invalidate DIR %s -reason TEXT'", ErrFatal, name, st.Error, name)
 			case StateSkipped:
+				attempt, why = st.Attempt, "skipped: "+st.Reason
 				return nil, fmt.Errorf("%w: %s was skipped: %s", ErrDone, name, st.Reason)
 			}
 			var err error
@@ -350,7 +364,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 				if st.DoneSeq != seen {
 					return nil, errRecheck
 				}
-				reason := staleReason(st.Inputs, fps)
+				reason := staleReason(ev.recorded(st.Inputs), fps)
 				if reason == "" {
 					reason = outReason
 				}
@@ -358,6 +372,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 					reason = fmt.Sprintf("evidence expired (valid for %s, complete since %s)", ev.validFor, st.DoneAt.Format(time.RFC3339))
 				}
 				if reason == "" {
+					attempt, why = st.Attempt, reasonHolds
 					return nil, fmt.Errorf("%w: %s (seq %d)", ErrDone, name, st.DoneSeq)
 				}
 				recs = append(recs, &Record{Ev: evInvalidate, Stage: name, Reason: reason})
@@ -366,7 +381,8 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 				return nil, err
 			}
 			attempt = st.Attempt + 1
-			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps})
+			why = attemptReason(st, recs)
+			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps, Reason: why})
 			return recs, nil
 		}})
 		if errors.Is(err, errRecheck) && tries < 10 {
@@ -376,6 +392,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			r.mu.Lock()
 			r.skipped++
 			r.mu.Unlock()
+			r.noticeDone(name, attempt, why)
 		}
 		if err != nil {
 			return nil, err
@@ -383,7 +400,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if err := r.hit(hookAfterBegin, name); err != nil {
 			return nil, err
 		}
-		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now()}, nil
+		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}, nil
 	}
 }
 
@@ -403,6 +420,9 @@ type Stage struct {
 	outputs  map[string]Output // recorded by WriteFile, hashed
 	declared []string          // recorded by Output, hashed at Complete
 	ended    bool
+
+	plan   []string // declared by Plan (nil: not called)
+	reason string   // why this attempt runs (Reason)
 }
 
 // Name returns the stage's name. Safe for concurrent use, also after the
@@ -638,7 +658,7 @@ func (st *Stage) Complete() error {
 			staleErr = fmt.Errorf("%w: %s: %s", ErrStale, st.name, reason)
 			return []*Record{{Ev: evInvalidate, Stage: st.name, Attempt: st.attempt, Reason: reason}}, nil
 		}
-		return []*Record{{Ev: evComplete, Stage: st.name, Attempt: st.attempt, Inputs: st.fps, Outputs: outs}}, nil
+		return append(st.planRecords(s), &Record{Ev: evComplete, Stage: st.name, Attempt: st.attempt, Inputs: st.fps, Outputs: outs}), nil
 	})
 	if err != nil {
 		if errors.Is(err, ErrStale) {
@@ -707,7 +727,7 @@ func (st *Stage) Await(reason string) error {
 		if _, err := st.running(s); err != nil {
 			return nil, err
 		}
-		return []*Record{{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}}, nil
+		return append(st.planRecords(s), &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}), nil
 	})
 	if err != nil {
 		return err

@@ -64,6 +64,7 @@ type StageStatus struct {
 	Error    string            `json:"error,omitempty"`    // last failure
 	Class    string            `json:"class,omitempty"`    // last failure's class
 	Review   bool              `json:"review,omitempty"`   // awaiting a review (Stage.Await), not a failure
+	Dropped  bool              `json:"dropped,omitempty"`  // planned once, no longer (see Stage.Plan)
 	DoneSeq  int64             `json:"done_seq,omitempty"` // seq of the complete or skip
 	DoneAt   time.Time         `json:"done_at,omitzero"`
 	Seq      int64             `json:"seq"`         // seq of the last record about it
@@ -162,6 +163,13 @@ type state struct {
 	planned  planIndex // which planned stages are not done
 
 	manifestLen int // length of the last manifest.json encoded or read: the next one's size hint
+
+	// The plan's parts (plan.go): plan is top with each stage's part
+	// placed after it. dropped: the stages planned once and no longer,
+	// by name.
+	top     []string
+	sub     map[string][]string
+	dropped []string
 }
 
 func newState() *state {
@@ -228,11 +236,7 @@ func (s *state) apply(r *Record) {
 	case evPlan:
 		var names []string
 		_ = json.Unmarshal(r.Data, &names)
-		s.plan = names
-		for _, n := range names {
-			s.stage(n)
-		}
-		s.planned.build(s)
+		s.replan(r.Stage, names)
 	case evBegin:
 		st := s.stage(r.Stage)
 		if st.State == StateComplete {
@@ -407,6 +411,7 @@ func (s *state) derive() {
 		s.stage(n)
 	}
 	s.planned.build(s)
+	s.listDropped()
 	s.blocking, s.stageAt = 0, time.Time{}
 	for _, st := range s.stages {
 		if blocked(st.State) {

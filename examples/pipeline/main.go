@@ -37,6 +37,67 @@ func main() {
 	}
 }
 
+// stage is one step of the pipeline: the evidence it starts from, the
+// file it writes, and the stages it discovers (the plan stage's).
+type stage struct {
+	name   string
+	inputs []runstate.Input
+	output string
+	data   string
+	plan   []string
+}
+
+// pipeline lists the stages for these findings: inspect, plan, one
+// execute stage per finding (which plan discovers), verify, report.
+func pipeline(input string, findings []string) []stage {
+	var execute []stage
+	var names []string
+	for i, f := range findings {
+		name := fmt.Sprintf("execute/finding-%d", i+1)
+		sum := sha256.Sum256([]byte(f))
+		names = append(names, name)
+		execute = append(execute, stage{
+			name:   name,
+			inputs: []runstate.Input{runstate.After("plan"), runstate.Value("finding", f)},
+			output: fmt.Sprintf("artifacts/patches/finding-%d.patch", i+1),
+			data:   fmt.Sprintf("# patch for: %s\n# id %x\n", f, sum[:6]),
+		})
+	}
+	var plan strings.Builder
+	for i, f := range findings {
+		fmt.Fprintf(&plan, "%d. fix: %s\n", i+1, f)
+	}
+	var verified []runstate.Input
+	for _, name := range names {
+		verified = append(verified, runstate.After(name))
+	}
+
+	stages := []stage{{
+		name:   "inspect",
+		inputs: []runstate.Input{runstate.File(input)},
+		output: "artifacts/inspect.txt",
+		data:   fmt.Sprintf("%d findings in %s\n", len(findings), input),
+	}, {
+		name:   "plan",
+		inputs: []runstate.Input{runstate.After("inspect"), runstate.File(input)},
+		output: "artifacts/plan.md",
+		data:   plan.String(),
+		plan:   names,
+	}}
+	stages = append(stages, execute...)
+	return append(stages, stage{
+		name:   "verify",
+		inputs: verified,
+		output: "artifacts/verify.txt",
+		data:   fmt.Sprintf("%d patches checked: ok\n", len(findings)),
+	}, stage{
+		name:   "report",
+		inputs: []runstate.Input{runstate.After("verify")},
+		output: "artifacts/report.md",
+		data:   fmt.Sprintf("# billing parser triage\n%d findings, %d patches, verified.\n", len(findings), len(findings)),
+	})
+}
+
 func run(dir, input string, delay time.Duration, fresh bool) error {
 	if fresh {
 		if err := os.RemoveAll(dir); err != nil {
@@ -49,6 +110,7 @@ func run(dir, input string, delay time.Duration, fresh bool) error {
 	r, err := runstate.Open(dir, &runstate.Options{
 		Request:  "triage the billing parser findings",
 		Revision: "example",
+		OnRecord: progress,
 	})
 	if err != nil {
 		return err
@@ -62,92 +124,17 @@ func run(dir, input string, delay time.Duration, fresh bool) error {
 	}
 	findings := strings.Split(strings.TrimSpace(string(notes)), "\n")
 
-	stages := []string{"inspect", "plan"}
-	for i := range findings {
-		stages = append(stages, fmt.Sprintf("execute/finding-%d", i+1))
-	}
-	stages = append(stages, "verify", "report")
-	if err := r.Plan(ctx, stages...); err != nil {
+	// The run's own plan; the plan stage adds the execute stages it finds.
+	if err := r.Plan(ctx, "inspect", "plan", "verify", "report"); err != nil {
 		return err
 	}
-
-	work := func() error {
-		select {
-		case <-time.After(delay):
+	for _, s := range pipeline(input, findings) {
+		err := step(ctx, r, s, delay)
+		if errors.Is(err, context.Canceled) {
+			fmt.Println("\ninterrupted: run the same command again to resume")
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-
-	steps := []struct {
-		name   string
-		inputs []runstate.Input
-		fn     func(st *runstate.Stage) error
-	}{
-		{"inspect", []runstate.Input{runstate.File(input)}, func(st *runstate.Stage) error {
-			return st.WriteFile("artifacts/inspect.txt", []byte(fmt.Sprintf("%d findings in %s\n", len(findings), input)))
-		}},
-		{"plan", []runstate.Input{runstate.After("inspect"), runstate.File(input)}, func(st *runstate.Stage) error {
-			var b strings.Builder
-			for i, f := range findings {
-				fmt.Fprintf(&b, "%d. fix: %s\n", i+1, f)
-			}
-			return st.WriteFile("artifacts/plan.md", []byte(b.String()))
-		}},
-	}
-	for i, f := range findings {
-		f := f
-		steps = append(steps, struct {
-			name   string
-			inputs []runstate.Input
-			fn     func(st *runstate.Stage) error
-		}{fmt.Sprintf("execute/finding-%d", i+1), []runstate.Input{runstate.After("plan"), runstate.Value("finding", f)}, func(st *runstate.Stage) error {
-			sum := sha256.Sum256([]byte(f))
-			return st.WriteFile(fmt.Sprintf("artifacts/patches/finding-%d.patch", i+1),
-				[]byte(fmt.Sprintf("# patch for: %s\n# id %x\n", f, sum[:6])))
-		}})
-	}
-	verifyInputs := []runstate.Input{}
-	for i := range findings {
-		verifyInputs = append(verifyInputs, runstate.After(fmt.Sprintf("execute/finding-%d", i+1)))
-	}
-	steps = append(steps, struct {
-		name   string
-		inputs []runstate.Input
-		fn     func(st *runstate.Stage) error
-	}{"verify", verifyInputs, func(st *runstate.Stage) error {
-		return st.WriteFile("artifacts/verify.txt", []byte(fmt.Sprintf("%d patches checked: ok\n", len(findings))))
-	}}, struct {
-		name   string
-		inputs []runstate.Input
-		fn     func(st *runstate.Stage) error
-	}{"report", []runstate.Input{runstate.After("verify")}, func(st *runstate.Stage) error {
-		return st.WriteFile("artifacts/report.md", []byte(fmt.Sprintf("# billing parser triage\n%d findings, %d patches, verified.\n", len(findings), len(findings))))
-	}})
-
-	for _, s := range steps {
-		st, err := r.Begin(ctx, s.name, s.inputs...)
-		if errors.Is(err, runstate.ErrDone) {
-			fmt.Printf("skip  %-22s already done, evidence holds\n", s.name)
-			continue
 		}
 		if err != nil {
-			return err
-		}
-		if st.Attempt() > 1 {
-			fmt.Printf("redo  %-22s attempt %d: %s\n", s.name, st.Attempt(), why(r, s.name))
-		} else {
-			fmt.Printf("run   %s\n", s.name)
-		}
-		if err := work(); err != nil {
-			fmt.Println("\ninterrupted: run the same command again to resume")
-			return nil // the stage stays begun; the next session records it as interrupted
-		}
-		if err := s.fn(st); err != nil {
-			return errors.Join(err, st.Fail(err))
-		}
-		if err := st.Complete(); err != nil {
 			return err
 		}
 	}
@@ -159,14 +146,43 @@ func run(dir, input string, delay time.Duration, fresh bool) error {
 	return nil
 }
 
-// why says why a stage is running again, from the run's status.
-func why(r *runstate.Run, name string) string {
-	s, err := r.Status()
+// step runs one stage unless it is done and its evidence holds. It uses
+// Begin and Complete rather than Do: an interrupted stage (Ctrl-C) is left
+// begun, so the next session records it as interrupted and runs it again,
+// instead of counting a failure against its retries.
+func step(ctx context.Context, r *runstate.Run, s stage, delay time.Duration) error {
+	st, err := r.Begin(ctx, s.name, s.inputs...)
+	if errors.Is(err, runstate.ErrDone) {
+		return nil
+	}
 	if err != nil {
-		return err.Error()
+		return err
 	}
-	if st, ok := s.Stage(name); ok && st.Reason != "" {
-		return st.Reason
+	select {
+	case <-time.After(delay): // the work
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return "the last attempt did not finish"
+	if s.plan != nil {
+		if err := st.Plan(s.plan...); err != nil {
+			return errors.Join(err, st.Fail(err))
+		}
+	}
+	if err := st.WriteFile(s.output, []byte(s.data)); err != nil {
+		return errors.Join(err, st.Fail(err))
+	}
+	return st.Complete()
+}
+
+// progress prints what the run does, from the records it writes and the
+// notices of stages found done.
+func progress(rec runstate.Record) {
+	switch {
+	case rec.Ev == "skip" && rec.Seq == 0:
+		fmt.Printf("skip  %-22s already %s\n", rec.Stage, rec.Reason)
+	case rec.Ev == "begin" && rec.Attempt == 1:
+		fmt.Printf("run   %s\n", rec.Stage)
+	case rec.Ev == "begin":
+		fmt.Printf("redo  %-22s attempt %d: %s\n", rec.Stage, rec.Attempt, rec.Reason)
+	}
 }
