@@ -54,9 +54,9 @@ func TestPowerLossSectorsJournalRestoresEveryAcknowledgedRecord(t *testing.T) {
 	checkLeaks(t)
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(15, seed))
-	trials := 40
+	trials := 24
 	if testing.Short() {
-		trials = 10
+		trials = 8
 	}
 	restored := 0
 	for trial := 0; trial < trials; trial++ {

@@ -349,8 +349,9 @@ func (r *Run) open() error {
 	if saved, err := restoreJournal(r.fs, r.abs, r.sessionOrNone(), f, restored); err != nil {
 		return err
 	} else if len(restored.tail) > 0 {
+		from, to := restored.seqs()
 		r.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
-			"ledger", lp, "journal", r.path(walFile), "offset", restored.at, "bytes", len(restored.tail), "torn_saved", saved)
+			"ledger", lp, "journal", r.path(walFile), "seq", fmt.Sprintf("%d-%d", from, to), "offset", restored.at, "torn_saved", saved)
 	}
 	if st.pos.seq == 0 {
 		// Before cutTorn: a first line that does not parse may be all

@@ -45,14 +45,20 @@ import (
 // processes' appends) in the ring too, so the ring has no gap.
 //
 // After a machine crash the ledger may end before records that were
-// acknowledged. Open (under the ledger lock), Repair and every reader
-// look at the slots: when one names an end past the ledger's last good
-// record, and the ring, read from there, continues the hash chain up to
-// exactly that end, seq and hash, those records are the ones the ledger
-// lost. Open and Repair append them to the ledger and fdatasync it;
-// Inspect, Verify and ReadLedger read them in memory. The ledger is never
-// cut back below bytes a slot names, except by Repair's TruncateAt, which
-// clears the journal first.
+// acknowledged, or hold, in the part not yet fdatasync'd, sectors that
+// were lost, zeroed or garbled with later sectors kept: a hole with
+// records after it. Open (under the ledger lock), Repair and every reader
+// look at the slots before they judge the ledger (replayJournal): where
+// the ledger's chain stops (its end, a torn tail, a damaged line) before
+// the end a slot names, and the ring, read from there, continues the hash
+// chain up to exactly that end, seq and hash, those records are the ones
+// the ledger lost, and the ledger is read on after them. Open and Repair
+// write them back over the ledger's bytes there and fdatasync it; Inspect,
+// Verify and ReadLedger read them in memory. A snapshot is trusted only
+// when the ledger's lines in the ring's window chain up to it
+// (journalAgrees). The ledger is never cut back below bytes a slot names,
+// except by Repair's TruncateAt with Force, which copies the journal's
+// records back first and clears the journal before it cuts.
 //
 // After a clean Close, or after a process is killed (the kernel still has
 // its writes), logs/ledger.jsonl alone holds every acknowledged record.
@@ -603,20 +609,6 @@ func acknowledged(fsys fileSystem, dir string) int64 {
 		}
 	}
 	return seq
-}
-
-// applyTail applies to st the records of tail (from journalTail), read
-// from the journal at path.
-func (st *state) applyTail(tail []byte, path string) error {
-	if len(tail) == 0 {
-		return nil
-	}
-	_, err := replay(bytes.NewReader(tail), path, &st.pos, func(rec *Record, line []byte) error {
-		st.apply(rec)
-		st.lastLen = int64(len(line) + 1)
-		return nil
-	})
-	return err
 }
 
 // clearJournal overwrites the journal with zeros and fdatasyncs it, so
