@@ -106,7 +106,7 @@ func TestHandoffSaysTheNextRunChecksAnInDoubtEffect(t *testing.T) {
 			assert.Equal(t, 1, st.Metrics.EffectsUnconfirmed)
 			assert.Zero(t, st.Metrics.EffectsInDoubt)
 			do = doLine(t, page, "effect ticket unconfirmed")
-			assert.Equal(t, "check the receiving system, then: runstate resolve "+dirArg(dir)+" ticket -sent RECEIPT -by NAME (or -not-sent)", do)
+			assert.True(t, strings.HasPrefix(do, "check the receiving system, then: runstate resolve "+dirArg(dir)+" ticket -sent RECEIPT -by NAME (or -not-sent)"), do)
 		})
 	}
 }
@@ -229,4 +229,21 @@ func TestCompleteOnFullDiskRunsAgainWithoutAPerson(t *testing.T) {
 	assert.Equal(t, 1, calls)
 	b, _ = mustStatus(t, r).Stage("build")
 	assert.Equal(t, StateComplete, b.State)
+}
+
+// An effect the receiving system accepted without confirming (ErrPending)
+// is settled by a later Effect call's Check: the handoff says so first,
+// and what a person does only without a Check.
+func TestHandoffSaysAPendingEffectIsCheckedLater(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "handoff", NoSync: true})
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = r.Effect(context.Background(), "deploy", Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		return nil, ErrPending
+	}})
+	require.ErrorIs(t, err, ErrPending)
+	do := doLine(t, handoffText(t, dir), "effect deploy unconfirmed")
+	assert.True(t, strings.HasPrefix(do, "run the pipeline again later: its next Effect call for this key asks the receiving system (Check) whether the accepted request landed; "), do)
+	assert.Contains(t, do, "without a Check, or if it fails, a person must check the receiving system, then: runstate resolve "+dirArg(dir)+" deploy")
 }

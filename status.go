@@ -137,8 +137,13 @@ func (s *state) blockers() []Blocker {
 				Action: "run the pipeline again: its next Effect call for this key asks the receiving system (Check) and settles it; " +
 					"only if it has no Check, or Check fails, must a person check the receiving system, then: " + resolve})
 		case EffectUnconfirmed:
-			out = append(out, Blocker{Kind: "unconfirmed", Key: k, Reason: e.Error,
-				Action: "check the receiving system, then: " + resolve})
+			action := "check the receiving system, then: " + resolve +
+				"; a later Effect call for this key asks its Check again first, if it has one"
+			if e.Pending {
+				action = "run the pipeline again later: its next Effect call for this key asks the receiving system (Check) whether the accepted request landed; " +
+					"without a Check, or if it fails, a person must check the receiving system, then: " + resolve
+			}
+			out = append(out, Blocker{Kind: "unconfirmed", Key: k, Reason: e.Error, Action: action})
 		}
 	}
 	return out
