@@ -85,7 +85,9 @@ var nextCmd = &command{
 	long: `Next prints the handoff of the run in DIR: logs/next-steps.txt when it
 reflects the ledger, or, when that file is behind the ledger or missing, the
 same text rebuilt in memory from the ledger (a note on standard error says
-so). It takes no lock and writes nothing.
+so). It takes no lock and writes nothing. The handoff escapes every text
+from the records (\x1b, \u202e, \\); a file that another program wrote is
+escaped here too.
 
 With -json it prints one JSON object: {"dir", "seq" (the ledger's),
 "file_seq" (the file's; 0 when unreadable), "rebuilt" (bool), "text"}.`,

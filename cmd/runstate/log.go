@@ -32,6 +32,8 @@ var logCmd = &command{
 
 SESSION is the last 8 hex digits of the session id. The rest of the line
 summarizes the record: the reason, the error, the outputs, who approved.
+Text from the record is escaped as Go's strconv.Quote escapes it (\x1b,
+\u202e, \\): it never acts on the terminal.
 The whole hash chain is checked as it is read; a torn last line (a writer
 died mid-append) is not shown. A damaged ledger stops the log with an error
 naming the line and byte offset (exit 1).
@@ -41,7 +43,8 @@ file's size) until it is interrupted (SIGINT, Ctrl-C), then exits 0.
 
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
-key, class, error, reason, note, by, data, prev).`,
+key, class, error, reason, note, by, data, prev), with unprintable runes
+such as U+202E written as \u escapes (the same JSON values).`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		var o logOptions
