@@ -212,7 +212,8 @@
 //	plan         data = the ordered stage names
 //	begin        a stage attempt starts, with its input fingerprints
 //	complete     it ended well, with its inputs and outputs
-//	fail         it failed; class says what happens next
+//	fail         it failed; class says what happens next (reason "disk full:
+//	             ...": ENOSPC or EDQUOT, not counted toward MaxAttempts)
 //	skip         the stage is not needed (reason); it counts as done
 //	interrupted  a later session found a begin whose session is gone (or,
 //	             with no stage, a session gone without a close: data.session)
@@ -226,12 +227,20 @@
 //	confirm      the receiving system confirmed it (data: the receipt), or
 //	             a person resolved it as sent (by)
 //	unconfirmed  its outcome is unknown: a Check or a person must settle it
+//	             (reason "in-doubt": written by Open for an intent whose
+//	             session died; the next Effect call asks Check first)
 //	resolve      a person resolved it as not sent (by): it may be sent again
 //
 // logs/next-steps.txt is a short page of text whose first line names the
 // ledger seq it reflects ("... as of ledger seq N ..."): the run's
 // identity, progress, what just completed and its outputs, what runs next,
-// the blockers with the command that clears each, and where to look.
+// the blockers with what clears each (what the next run does by itself,
+// and the command a person runs where one must, naming the run directory
+// by its absolute path, quoted for a shell), and where to look. Text from
+// the records (names, errors, reasons, paths) is escaped as Go's
+// strconv.Quote escapes it, without the quotes: \x1b for ESC, \u202e for a
+// bidi override, \xff for a byte of invalid UTF-8, \\ for a backslash;
+// the page holds no control character but its line breaks.
 //
 // manifest.json is a JSON object: format, id, request, revision,
 // environment, created, seq, plan, stages (name, state, attempts, inputs,

@@ -47,11 +47,12 @@ type Resolution struct {
 // A key already confirmed returns the stored receipt without calling Do.
 // Otherwise Effect appends an intent record and makes it durable (see
 // Stage.Complete) before calling Do, then appends the confirmation with the receipt, durably, before it
-// returns. If a session died between the two, the key is ambiguous: Check
-// asks the receiving system; found → confirmed; not found → Do again with
-// the same key; no Check, or Check failed → the effect is recorded as
-// unconfirmed and Effect returns ErrUnconfirmed: a person must decide, with
-// Resolve. A failed Do is treated the same way (it may have landed).
+// returns. If a session died between the two, the key is ambiguous (the
+// next Open records it as in doubt, EffectInDoubt): Check asks the
+// receiving system; found → confirmed; not found → Do again with the same
+// key; no Check, or Check failed → the effect is recorded as unconfirmed
+// and Effect returns ErrUnconfirmed: a person must decide, with Resolve. A
+// failed Do is treated the same way (it may have landed).
 //
 // Effect is safe for concurrent use by goroutines and processes: one key is
 // attempted by one session at a time; others get ErrBusy meanwhile.
@@ -110,7 +111,7 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 				}
 				check, seen = true, cur.Seq
 				return nil, nil
-			case EffectUnconfirmed:
+			case EffectUnconfirmed, EffectInDoubt:
 				check, seen, pending = true, cur.Seq, cur.Pending
 				return nil, nil
 			}
@@ -243,6 +244,11 @@ func (r *Run) callDo(ctx context.Context, key, full string, e Effect) (receipt j
 // pendingReason marks an unconfirmed record written for ErrPending.
 const pendingReason = "pending"
 
+// inDoubtReason marks an unconfirmed record that Open writes for an intent
+// whose session died: the effect is in doubt (EffectInDoubt), and the next
+// Effect call asks Check before anyone needs to decide.
+const inDoubtReason = "in-doubt"
+
 func orNull(m json.RawMessage) json.RawMessage {
 	if len(m) == 0 {
 		return json.RawMessage("null")
@@ -251,9 +257,9 @@ func orNull(m json.RawMessage) json.RawMessage {
 }
 
 // Resolve records a person's decision on an effect whose outcome is unknown
-// (unconfirmed, or an intent whose session died): sent, with its receipt,
-// or not sent, so that the next Effect call sends it. When Resolve returns
-// nil the record is durable. Safe for concurrent use.
+// (unconfirmed, in doubt, or an intent whose session died): sent, with its
+// receipt, or not sent, so that the next Effect call sends it. When Resolve
+// returns nil the record is durable. Safe for concurrent use.
 func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -270,7 +276,7 @@ func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 			return nil, fmt.Errorf("%w: effect %s is unknown to the run", ErrInvalid, key)
 		}
 		switch {
-		case cur.State == EffectUnconfirmed:
+		case unsettled(cur.State):
 		case cur.State == EffectIntent && !r.alive(cur.Session):
 		default:
 			return nil, fmt.Errorf("%w: effect %s is %s, not unconfirmed", ErrInvalid, key, cur.State)

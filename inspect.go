@@ -41,7 +41,7 @@ func NextSteps(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return st.nextSteps(), nil
+	return st.nextSteps(dirArg(dir)), nil
 }
 
 // openLedger opens the ledger of the run in dir for reading. Its error

@@ -7,11 +7,16 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/runstate/runstate/internal/escape"
 )
 
 // nextStepsFile is the handoff, relative to the run directory.
@@ -19,14 +24,17 @@ const nextStepsFile = "logs/next-steps.txt"
 
 // nextSteps renders the handoff: one short page that a person or a fresh
 // agent can act on in ten seconds. Its first line names the ledger seq it
-// reflects, so a reader can tell whether it is behind.
-func (s *state) nextSteps() string {
+// reflects, so a reader can tell whether it is behind. dir is the run
+// directory as its commands name it (dirArg). Every text from the ledger
+// is escaped (escape.Text): the page holds no control character but its
+// line breaks.
+func (s *state) nextSteps(dir string) string {
 	var b strings.Builder
 	b.Grow(1024)
-	fmt.Fprintf(&b, "runstate handoff: run %s, as of ledger seq %d (%s)\n", s.identity.ID, s.pos.seq, s.lastAt().Format(time.RFC3339))
+	fmt.Fprintf(&b, "runstate handoff: run %s, as of ledger seq %d (%s)\n", escape.Text(s.identity.ID), s.pos.seq, s.lastAt().Format(time.RFC3339))
 	fmt.Fprintf(&b, "request:  %s\n", oneLine(s.identity.Request))
 	if s.revision != "" {
-		fmt.Fprintf(&b, "revision: %s\n", s.revision)
+		fmt.Fprintf(&b, "revision: %s\n", escape.Text(s.revision))
 	}
 	if len(s.env) > 0 {
 		keys := make([]string, 0, len(s.env))
@@ -36,7 +44,7 @@ func (s *state) nextSteps() string {
 		sort.Strings(keys)
 		var kv []string
 		for _, k := range keys {
-			kv = append(kv, k+"="+s.env[k])
+			kv = append(kv, escape.Text(k)+"="+escape.Text(s.env[k]))
 		}
 		fmt.Fprintf(&b, "env:      %s\n", strings.Join(kv, " "))
 	}
@@ -56,22 +64,22 @@ func (s *state) nextSteps() string {
 	if last := s.stages[s.lastDone]; last != nil {
 		switch last.State {
 		case StateComplete:
-			fmt.Fprintf(&b, "last:     %s complete (attempt %d, seq %d)\n", last.Name, last.Attempt, last.DoneSeq)
+			fmt.Fprintf(&b, "last:     %s complete (attempt %d, seq %d)\n", escape.Text(last.Name), last.Attempt, last.DoneSeq)
 			for i, o := range last.Outputs {
 				if i == 5 {
 					fmt.Fprintf(&b, "          ... and %d more outputs (manifest.json)\n", len(last.Outputs)-i)
 					break
 				}
-				fmt.Fprintf(&b, "          -> %s (sha256:%.12s, %d bytes)\n", o.Path, o.SHA256, o.Size)
+				fmt.Fprintf(&b, "          -> %s (sha256:%.12s, %d bytes)\n", escape.Text(o.Path), escape.Text(o.SHA256), o.Size)
 			}
 		case StateSkipped:
-			fmt.Fprintf(&b, "last:     %s skipped: %s\n", last.Name, oneLine(last.Reason))
+			fmt.Fprintf(&b, "last:     %s skipped: %s\n", escape.Text(last.Name), oneLine(last.Reason))
 		}
 	}
 
 	switch {
 	case next != "":
-		fmt.Fprintf(&b, "next:     %s (%s)\n", next, describe(s.stages[next]))
+		fmt.Fprintf(&b, "next:     %s (%s)\n", escape.Text(next), describe(s.stages[next]))
 	case len(s.plan) == 0:
 		b.WriteString("next:     nothing planned yet: the pipeline calls Plan first\n")
 	default:
@@ -96,21 +104,39 @@ func (s *state) nextSteps() string {
 		fmt.Fprintf(&b, "blockers: %d\n", len(blockers))
 		for i, bl := range blockers {
 			if i == 10 {
-				fmt.Fprintf(&b, "  ... and %d more: runstate status DIR\n", len(blockers)-i)
+				fmt.Fprintf(&b, "  ... and %d more: runstate status %s\n", len(blockers)-i, dir)
 				break
 			}
-			what := bl.Stage
+			what := escape.Text(bl.Stage)
 			if what == "" {
-				what = "effect " + bl.Key
+				what = "effect " + escape.Text(bl.Key)
 			}
-			fmt.Fprintf(&b, "  - %s %s: %s\n    do: %s\n", what, bl.Kind, oneLine(bl.Reason), bl.Action)
+			fmt.Fprintf(&b, "  - %s %s: %s\n    do: ", what, bl.Kind, oneLine(bl.Reason))
+			before, after, found := strings.Cut(bl.Action, " DIR ")
+			b.WriteString(before)
+			if found {
+				b.WriteString(" " + dir + " ")
+				b.WriteString(after)
+			}
+			b.WriteString("\n")
 		}
 	}
 	b.WriteString("\n")
 	b.WriteString("look at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n")
 	b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
-	b.WriteString("          runstate status DIR; runstate log DIR\n")
+	for _, part := range []string{"          runstate status ", dir, "; runstate log ", dir, "\n"} {
+		b.WriteString(part) // no Fprintf: boxing dir would allocate on every append
+	}
 	return b.String()
+}
+
+// dirArg is the run directory as the handoff's commands name it: the
+// absolute path, quoted for a shell where it needs it (escape.Arg).
+func dirArg(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return escape.Arg(dir)
 }
 
 // planSummary returns what the handoff shows of the plan: the stages
@@ -168,10 +194,19 @@ func (l *shortList) add(name string) {
 }
 
 func (l shortList) String() string {
-	if l.n <= shortListMax {
-		return strings.Join(l.names, ", ")
+	names, cloned := l.names, false
+	for i, n := range l.names {
+		if e := escape.Text(n); e != n {
+			if !cloned {
+				names, cloned = slices.Clone(l.names), true
+			}
+			names[i] = e
+		}
 	}
-	return fmt.Sprintf("%s, ... (%d more)", strings.Join(l.names, ", "), l.n-shortListMax)
+	if l.n <= shortListMax {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s, ... (%d more)", strings.Join(names, ", "), l.n-shortListMax)
 }
 
 // describe says in a few words where a stage stands.
@@ -188,6 +223,9 @@ func describe(st *StageStatus) string {
 	case StateRunning:
 		return fmt.Sprintf("running, attempt %d", st.Attempt)
 	case StateFailed:
+		if st.Reason == diskFullReason {
+			return fmt.Sprintf("failed on a full disk, not counted toward MaxAttempts; free space, then run the pipeline again: %s", oneLine(st.Error))
+		}
 		return fmt.Sprintf("failed %d time(s), will retry: %s", st.Failures, oneLine(st.Error))
 	case StateInterrupted:
 		return fmt.Sprintf("attempt %d was interrupted; begin it again", st.Attempt)
@@ -209,12 +247,19 @@ func (s *state) lastAt() time.Time {
 	return t.UTC()
 }
 
+// oneLine folds s to one line (runs of white space, line breaks included,
+// become one space), cuts it at 200 bytes on a rune boundary, and escapes
+// what is left (escape.Text).
 func oneLine(s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > 200 {
-		s = s[:197] + "..."
+		cut := 197
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "..."
 	}
-	return s
+	return escape.Text(s)
 }
 
 // handoffDir holds, for each open session, the two files that

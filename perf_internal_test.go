@@ -810,7 +810,7 @@ func TestNextStepsCheap(t *testing.T) {
 		}
 		assert.True(t, latest.Equal(s.stageAt), "%s: stageAt %v, want %v", what, s.stageAt, latest)
 		status := s.status("")
-		page := s.nextSteps()
+		page := s.nextSteps("DIR")
 		assert.Contains(t, page, fmt.Sprintf("progress: %d of %d planned stages done", status.Done, status.Done+status.Remaining), what)
 		if status.Next != "" {
 			assert.Contains(t, page, "next:     "+status.Next+" (", what)
@@ -1001,11 +1001,11 @@ func TestHandoffIndependentOfPlanSize(t *testing.T) {
 		for i := 0; i < size; i += 4 {
 			s.apply(&Record{Seq: int64(i + 2), Ev: evComplete, Stage: names[i]})
 		}
-		require.Contains(t, s.nextSteps(), fmt.Sprintf("progress: %d of %d planned stages done", size/4, size))
+		require.Contains(t, s.nextSteps("DIR"), fmt.Sprintf("progress: %d of %d planned stages done", size/4, size))
 		best := time.Duration(math.MaxInt64)
 		for range 30 {
 			start := time.Now()
-			_ = s.nextSteps()
+			_ = s.nextSteps("DIR")
 			best = min(best, time.Since(start))
 		}
 		return best

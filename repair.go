@@ -281,7 +281,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	for _, p := range []struct {
 		rel  string
 		data []byte
-	}{{manifestFile, data}, {nextStepsFile, []byte(st.nextSteps())}} {
+	}{{manifestFile, data}, {nextStepsFile, []byte(st.nextSteps(dirArg(dir)))}} {
 		if err := writeAtomic(fsys, path(tmpDir), "repair", path(p.rel), p.data, true); err != nil {
 			return nil, fmt.Errorf("runstate: rebuild %s: %w", path(p.rel), err)
 		}

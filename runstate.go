@@ -160,6 +160,7 @@ type Run struct {
 	handoffMu     sync.Mutex   // guards handoff (closeFiles may run mid-batch)
 	handoff       [2]file      // the handoff files, kept open where possible
 	handoffLen    [2]int64     // the length of each handoff file, as last written
+	cmdDir        string       // the run directory as the handoff names it (dirArg)
 
 	// mu guards the fields below it.
 	mu      sync.Mutex
@@ -244,7 +245,7 @@ func Open(dir string, opts *Options) (*Run, error) {
 	if o.ManifestInterval == 0 {
 		o.ManifestInterval = time.Second
 	}
-	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir)}
+	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir), cmdDir: dirArg(dir)}
 	if r.fs == nil {
 		r.fs = osFS{}
 	}
@@ -412,14 +413,15 @@ func (r *Run) open() error {
 			recs = append(recs, &Record{Ev: evInterrupted, Reason: "session " + id + " is gone", Data: data})
 		}
 	}
-	// An intent whose session died without a confirmation is ambiguous:
+	// An intent whose session died without a confirmation is in doubt:
 	// say so now, so that Status, the metrics and next-steps.txt show it
-	// before the next Effect call asks Check.
+	// before the next Effect call asks Check. It is not unconfirmed (a
+	// person's business) until Check is missing or fails.
 	for _, key := range slices.Sorted(maps.Keys(st.effects)) {
 		e := st.effects[key]
 		if e.State == EffectIntent && !r.alive(e.Session) {
-			recs = append(recs, &Record{Ev: evUnconfirmed, Key: key,
-				Error: "session " + e.Session + " died between the intent and a confirmation: Check, or a person, must say whether it landed"})
+			recs = append(recs, &Record{Ev: evUnconfirmed, Key: key, Reason: inDoubtReason,
+				Error: "session " + e.Session + " died between the intent and a confirmation"})
 		}
 	}
 	data, _ := json.Marshal(openData{PID: os.Getpid(), Host: r.host, Revision: r.opts.Revision, Environment: r.opts.Environment})
@@ -1310,7 +1312,7 @@ func (r *Run) manifestAt() time.Time {
 func (r *Run) writeNextSteps() {
 	r.handoffBehind = false
 	p := r.path(nextStepsFile)
-	if err := r.publishNextSteps([]byte(r.st.nextSteps())); err != nil {
+	if err := r.publishNextSteps([]byte(r.st.nextSteps(r.cmdDir))); err != nil {
 		r.log.Warn("runstate: cannot write the handoff; the next Open rebuilds it", "file", p, "err", err)
 	}
 }
@@ -1422,7 +1424,7 @@ func (r *Run) NextSteps() (string, error) {
 	}
 	r.stMu.RLock()
 	defer r.stMu.RUnlock()
-	return r.st.nextSteps(), nil
+	return r.st.nextSteps(r.cmdDir), nil
 }
 
 // Refresh reads what other processes appended since this session last

@@ -279,12 +279,14 @@ func TestEffectKilledBetweenIntentAndSend(t *testing.T) {
 
 	r = i3Open(t, dir, nil)
 	es := i3Effect(t, r, "ticket")
-	assert.Equal(t, runstate.EffectUnconfirmed, es.State, "Open marks the dead session's intent as unconfirmed")
+	assert.Equal(t, runstate.EffectInDoubt, es.State, "Open marks the dead session's intent as in doubt, not yet a person's business")
 	st, err := r.Status()
 	require.NoError(t, err)
-	assert.Equal(t, 1, st.Metrics.EffectsUnconfirmed)
+	assert.Equal(t, 1, st.Metrics.EffectsInDoubt)
+	assert.Zero(t, st.Metrics.EffectsUnconfirmed)
 	require.Len(t, st.Blockers, 1)
 	assert.Equal(t, "ticket", st.Blockers[0].Key)
+	assert.Equal(t, "in-doubt", st.Blockers[0].Kind)
 
 	var keys []string
 	e.Do = func(ctx context.Context, key string) (json.RawMessage, error) {
@@ -303,6 +305,7 @@ func TestEffectKilledBetweenIntentAndSend(t *testing.T) {
 	st, err = r.Status()
 	require.NoError(t, err)
 	assert.Zero(t, st.Metrics.EffectsUnconfirmed)
+	assert.Zero(t, st.Metrics.EffectsInDoubt)
 	assert.Zero(t, st.Metrics.EffectsDuplicated)
 	assert.Empty(t, st.Blockers)
 }

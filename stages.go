@@ -673,6 +673,9 @@ func (st *Stage) Complete() error {
 // Fail ends the attempt as failed and records err with its class:
 // Retryable (the default for an unclassified error), NeedsPerson or Fatal.
 // After Options.MaxAttempts retryable failures the stage awaits a person.
+// An unclassified or Retryable err that is a full disk or quota (ENOSPC,
+// EDQUOT) is recorded retryable with that reason and does not count: the
+// stage runs again once there is space, without a person.
 // When Fail returns nil the record is durable. Fail returns nil for a nil
 // err without ending the attempt. Safe for concurrent use.
 func (st *Stage) Fail(err error) error {
@@ -685,6 +688,7 @@ func (st *Stage) Fail(err error) error {
 		return cerr
 	}
 	class, reason := classOf(err)
+	full := class == ClassRetryable && diskFull(err)
 	max := st.run.opts.MaxAttempts
 	_, cerr := st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		cur, rerr := st.running(s)
@@ -693,6 +697,8 @@ func (st *Stage) Fail(err error) error {
 		}
 		recs := []*Record{{Ev: evFail, Stage: st.name, Attempt: st.attempt, Class: class, Error: err.Error()}}
 		switch {
+		case full:
+			recs[0].Reason = diskFullReason
 		case class == ClassPerson:
 			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class, Reason: reason})
 		case class == ClassRetryable && cur.Failures+1 >= max:
@@ -797,7 +803,16 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 		}
 		return ferr
 	}
-	return st.Complete()
+	err = st.Complete()
+	if err != nil && diskFull(err) {
+		// The complete record found no space: end the attempt as failed
+		// (not counted, see Fail) where that still fits, so that this
+		// session may begin the stage again once there is space.
+		if ferr := st.Fail(err); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+	}
+	return err
 }
 
 // segment returns the first segment of a hierarchical stage name.

@@ -76,7 +76,7 @@ type StageStatus struct {
 // reports it and manifest.json stores it.
 type EffectStatus struct {
 	Key     string          `json:"key"`
-	State   string          `json:"state"`             // intent, confirmed, unconfirmed, not-sent
+	State   string          `json:"state"`             // intent, confirmed, in-doubt, unconfirmed, not-sent
 	Payload string          `json:"payload,omitempty"` // hash of the request recorded with the first intent
 	Request json.RawMessage `json:"request,omitempty"`
 	Receipt json.RawMessage `json:"receipt,omitempty"`
@@ -95,6 +95,11 @@ const (
 	EffectConfirmed   = "confirmed"   // the receiving system confirmed it
 	EffectUnconfirmed = "unconfirmed" // outcome unknown: a person must Resolve it
 	EffectNotSent     = "not-sent"    // a person resolved it as never sent
+	// EffectInDoubt: the session that recorded the intent died before a
+	// confirmation. The next Effect call for the key asks its Check and
+	// settles it; only without a Check, or when Check fails, does it
+	// become unconfirmed and need a person.
+	EffectInDoubt = "in-doubt"
 )
 
 // SessionStatus is a session that opened and has not closed (it may have
@@ -132,7 +137,10 @@ type Metrics struct {
 	// EffectsDuplicated counts intents for a key already confirmed: a side
 	// effect sent twice. Should be 0.
 	EffectsDuplicated  int `json:"effects_duplicated"`
-	EffectsUnconfirmed int `json:"effects_unconfirmed"` // now
+	EffectsUnconfirmed int `json:"effects_unconfirmed"` // now: a person must resolve them
+	// EffectsInDoubt counts, now, effects whose session died between the
+	// intent and a confirmation: the next Effect call asks Check.
+	EffectsInDoubt int `json:"effects_in_doubt"`
 	// TimeToFirstRecord is, over resumed sessions, the longest time from a
 	// session's open to its first record of work (time to useful handoff).
 	TimeToFirstRecord time.Duration `json:"time_to_first_record_ns"`
@@ -276,7 +284,10 @@ func (s *state) apply(r *Record) {
 			st.State = StateAwaiting
 		default:
 			st.State = StateFailed
-			st.Failures++
+			st.Reason = r.Reason
+			if r.Reason != diskFullReason {
+				st.Failures++
+			}
 		}
 	case evAwait:
 		st := s.stage(r.Stage)
@@ -332,9 +343,7 @@ func (s *state) apply(r *Record) {
 		if e.State == EffectConfirmed {
 			s.metrics.EffectsDuplicated++
 		}
-		if e.State == EffectUnconfirmed {
-			s.metrics.EffectsUnconfirmed--
-		}
+		s.settle(e)
 		e.State = EffectIntent
 		e.Pending = false
 		e.Intents++
@@ -345,9 +354,7 @@ func (s *state) apply(r *Record) {
 		}
 	case evConfirm:
 		e := s.effect(r.Key)
-		if e.State == EffectUnconfirmed {
-			s.metrics.EffectsUnconfirmed--
-		}
+		s.settle(e)
 		if r.Note == checkedNote {
 			s.metrics.EffectsDeduplicated++
 		}
@@ -358,17 +365,19 @@ func (s *state) apply(r *Record) {
 		e.Error = ""
 	case evUnconfirmed:
 		e := s.effect(r.Key)
-		if e.State != EffectUnconfirmed {
+		s.settle(e)
+		if r.Reason == inDoubtReason {
+			e.State = EffectInDoubt
+			s.metrics.EffectsInDoubt++
+		} else {
+			e.State = EffectUnconfirmed
 			s.metrics.EffectsUnconfirmed++
 		}
-		e.State = EffectUnconfirmed
 		e.Error = r.Error
 		e.Pending = r.Reason == pendingReason
 	case evResolve:
 		e := s.effect(r.Key)
-		if e.State == EffectUnconfirmed {
-			s.metrics.EffectsUnconfirmed--
-		}
+		s.settle(e)
 		e.State = EffectNotSent
 		e.Pending = false
 		e.By = r.By
@@ -393,7 +402,7 @@ func (s *state) blocks(r *Record) int {
 	if st := s.stages[r.Stage]; st != nil && blocked(st.State) {
 		n++
 	}
-	if e := s.effects[r.Key]; e != nil && e.State == EffectUnconfirmed {
+	if e := s.effects[r.Key]; e != nil && unsettled(e.State) {
 		n++
 	}
 	return n
@@ -422,9 +431,25 @@ func (s *state) derive() {
 		}
 	}
 	for _, e := range s.effects {
-		if e.State == EffectUnconfirmed {
+		if unsettled(e.State) {
 			s.blocking++
 		}
+	}
+}
+
+// unsettled reports whether blockers lists an effect in this state.
+func unsettled(state string) bool {
+	return state == EffectUnconfirmed || state == EffectInDoubt
+}
+
+// settle takes e out of the count of unconfirmed or in-doubt effects, as a
+// record moves it to another state.
+func (s *state) settle(e *EffectStatus) {
+	switch e.State {
+	case EffectUnconfirmed:
+		s.metrics.EffectsUnconfirmed--
+	case EffectInDoubt:
+		s.metrics.EffectsInDoubt--
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/runstate/runstate/internal/escape"
 )
 
 // Status is a read-only picture of a run as of ledger seq Seq: what exists,
@@ -36,11 +38,14 @@ type Status struct {
 
 // Blocker is something that keeps a run from going on by itself.
 type Blocker struct {
-	Kind   string `json:"kind"` // awaiting, fatal, interrupted, unconfirmed
+	Kind   string `json:"kind"` // awaiting, fatal, interrupted, in-doubt, unconfirmed
 	Stage  string `json:"stage,omitempty"`
 	Key    string `json:"key,omitempty"`
 	Reason string `json:"reason"`
-	Action string `json:"action"` // what a person runs to clear it
+	// Action is what clears it: what the next run does by itself, and
+	// what a person runs where one must. Names and keys in it are quoted
+	// for a shell (escape.Arg); DIR stands for the run directory.
+	Action string `json:"action"`
 }
 
 // Stage returns the status of the named stage, and false if the run has
@@ -111,10 +116,10 @@ func (s *state) blockers() []Blocker {
 				reason = st.Error
 			}
 			out = append(out, Blocker{Kind: "awaiting", Stage: name, Reason: reason,
-				Action: fmt.Sprintf("runstate approve DIR %s -by NAME -note TEXT", name)})
+				Action: fmt.Sprintf("runstate approve DIR %s -by NAME -note TEXT", escape.Arg(name))})
 		case StateFatal:
 			out = append(out, Blocker{Kind: "fatal", Stage: name, Reason: st.Error,
-				Action: fmt.Sprintf("fix the cause, then: runstate invalidate DIR %s -reason TEXT", name)})
+				Action: fmt.Sprintf("fix the cause, then: runstate invalidate DIR %s -reason TEXT", escape.Arg(name))})
 		case StateInterrupted:
 			out = append(out, Blocker{Kind: "interrupted", Stage: name,
 				Reason: fmt.Sprintf("attempt %d's session died before it ended", st.Attempt),
@@ -123,9 +128,22 @@ func (s *state) blockers() []Blocker {
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
 		e := s.effects[k]
-		if e.State == EffectUnconfirmed {
-			out = append(out, Blocker{Kind: "unconfirmed", Key: k, Reason: e.Error,
-				Action: fmt.Sprintf("check the receiving system, then: runstate resolve DIR %s -sent RECEIPT -by NAME (or -not-sent)", k)})
+		resolve := fmt.Sprintf("runstate resolve DIR %s -sent RECEIPT -by NAME (or -not-sent)", escape.Arg(k))
+		switch e.State {
+		case EffectInDoubt:
+			// Open cannot know whether the next caller passes a Check:
+			// say what happens either way.
+			out = append(out, Blocker{Kind: "in-doubt", Key: k, Reason: e.Error,
+				Action: "run the pipeline again: its next Effect call for this key asks the receiving system (Check) and settles it; " +
+					"only if it has no Check, or Check fails, must a person check the receiving system, then: " + resolve})
+		case EffectUnconfirmed:
+			action := "check the receiving system, then: " + resolve +
+				"; a later Effect call for this key asks its Check again first, if it has one"
+			if e.Pending {
+				action = "run the pipeline again later: its next Effect call for this key asks the receiving system (Check) whether the accepted request landed; " +
+					"without a Check, or if it fails, a person must check the receiving system, then: " + resolve
+			}
+			out = append(out, Blocker{Kind: "unconfirmed", Key: k, Reason: e.Error, Action: action})
 		}
 	}
 	return out

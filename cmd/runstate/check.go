@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var verifyCmd = &command{
@@ -60,7 +61,7 @@ func (c *cli) verify(dir string, asJSON bool) int {
 	defer w.Flush()
 	if rep.OK() {
 		fmt.Fprintf(w, "ok: %s: %d records (%d bytes) check out, every artifact matches its hash, manifest.json and logs/next-steps.txt are current\n",
-			dir, rep.Records, rep.Bytes)
+			escape.Text(dir), rep.Records, rep.Bytes)
 		return code
 	}
 	for _, p := range rep.Problems {
@@ -68,12 +69,12 @@ func (c *cli) verify(dir string, asJSON bool) int {
 		if p.Line > 0 {
 			where += fmt.Sprintf(" line %d (byte %d)", p.Line, p.Offset)
 		}
-		fmt.Fprintf(w, "problem: %s: %s\n", where, p.What)
+		fmt.Fprintf(w, "problem: %s: %s\n", escape.Page(where), escape.Page(p.What))
 		if p.Fix != "" {
-			fmt.Fprintf(w, "    fix: %s\n", p.Fix)
+			fmt.Fprintf(w, "    fix: %s\n", escape.Page(p.Fix))
 		}
 	}
-	fmt.Fprintf(w, "FAILED: %s: %d problem(s); %d ledger records (%d bytes) check out\n", dir, len(rep.Problems), rep.Records, rep.Bytes)
+	fmt.Fprintf(w, "FAILED: %s: %d problem(s); %d ledger records (%d bytes) check out\n", escape.Text(dir), len(rep.Problems), rep.Records, rep.Bytes)
 	return code
 }
 
@@ -84,7 +85,9 @@ var nextCmd = &command{
 	long: `Next prints the handoff of the run in DIR: logs/next-steps.txt when it
 reflects the ledger, or, when that file is behind the ledger or missing, the
 same text rebuilt in memory from the ledger (a note on standard error says
-so). It takes no lock and writes nothing.
+so). It takes no lock and writes nothing. The handoff escapes every text
+from the records (\x1b, \u202e, \\); a file that another program wrote is
+escaped here too.
 
 With -json it prints one JSON object: {"dir", "seq" (the ledger's),
 "file_seq" (the file's; 0 when unreadable), "rebuilt" (bool), "text"}.`,
@@ -128,7 +131,7 @@ func (c *cli) next(dir string, asJSON bool) int {
 		if ferr != nil {
 			why = ferr.Error()
 		}
-		fmt.Fprintf(c.err, "runstate: %s does not match the ledger (%s): showing the handoff rebuilt from the ledger\n", p, why)
+		fmt.Fprintf(c.err, "runstate: %s does not match the ledger (%s): showing the handoff rebuilt from the ledger\n", escape.Text(p), escape.Page(why))
 	}
 	if asJSON {
 		if err := writeJSON(c.out, out); err != nil {
@@ -136,7 +139,10 @@ func (c *cli) next(dir string, asJSON bool) int {
 		}
 		return exitOK
 	}
-	if _, err := fmt.Fprint(c.out, out.Text); err != nil {
+	// The text is the library's page, escaped as it was rendered; a file
+	// that another program or version wrote is escaped here (Page: its
+	// line breaks and backslashes stay).
+	if _, err := fmt.Fprint(c.out, escape.Page(out.Text)); err != nil {
 		return c.fail(err)
 	}
 	return exitOK
@@ -158,6 +164,8 @@ the ledger of each run given, and summed when several are given:
   effects deduplicated           side effects not sent again (stored receipt or Check)
   effects duplicated             side effects sent twice (want 0)
   effects unconfirmed            side effects whose outcome a person must settle
+  effects in doubt               side effects whose session died before a
+                                 confirmation: the next Effect call asks Check
   time to handoff                longest time from a resumed session's open to
                                  its first record of work (the maximum over runs)
 
@@ -169,7 +177,7 @@ With -json it prints one JSON object: {"runs": [{"dir", "id", "seq",
 runstate.Metrics (sessions, resumed_sessions, interrupted,
 skipped_on_resume, duplicated_work, stale_rejections, invalidations,
 failures, effects_deduplicated, effects_duplicated, effects_unconfirmed,
-time_to_first_record_ns).`,
+effects_in_doubt, time_to_first_record_ns).`,
 	min: 1, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -212,6 +220,7 @@ func (c *cli) metrics(dirs []string, asJSON bool) int {
 		t.EffectsDeduplicated += m.EffectsDeduplicated
 		t.EffectsDuplicated += m.EffectsDuplicated
 		t.EffectsUnconfirmed += m.EffectsUnconfirmed
+		t.EffectsInDoubt += m.EffectsInDoubt
 		t.TimeToFirstRecord = max(t.TimeToFirstRecord, m.TimeToFirstRecord)
 	}
 	if failed {
@@ -243,6 +252,7 @@ func (c *cli) metrics(dirs []string, asJSON bool) int {
 		{"effects deduplicated", t.EffectsDeduplicated, "not sent again"},
 		{"effects duplicated", t.EffectsDuplicated, "want 0"},
 		{"effects unconfirmed", t.EffectsUnconfirmed, "a person must resolve them"},
+		{"effects in doubt", t.EffectsInDoubt, "the next Effect call asks Check"},
 	}
 	for _, r := range rows {
 		line := fmt.Sprintf("%-22s %6d", r.name, r.v)

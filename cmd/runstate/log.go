@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var logCmd = &command{
@@ -31,6 +32,8 @@ var logCmd = &command{
 
 SESSION is the last 8 hex digits of the session id. The rest of the line
 summarizes the record: the reason, the error, the outputs, who approved.
+Text from the record is escaped as Go's strconv.Quote escapes it (\x1b,
+\u202e, \\): it never acts on the terminal.
 The whole hash chain is checked as it is read; a torn last line (a writer
 died mid-append) is not shown. A damaged ledger stops the log with an error
 naming the line and byte offset (exit 1).
@@ -40,7 +43,8 @@ file's size) until it is interrupted (SIGINT, Ctrl-C), then exits 0.
 
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
-key, class, error, reason, note, by, data, prev).`,
+key, class, error, reason, note, by, data, prev), with unprintable runes
+such as U+202E written as \u escapes (the same JSON values).`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		var o logOptions
@@ -202,15 +206,23 @@ func lineHash(line []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// writeRecordJSON writes r as one line of JSON, with every rune a terminal
+// could act on written as a \u escape (escape.JSON): the same values.
 func writeRecordJSON(w io.Writer, r *runstate.Record) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(r)
+	if err := enc.Encode(r); err != nil {
+		return err
+	}
+	_, err := w.Write(escape.JSON(b.Bytes()))
+	return err
 }
 
-// formatRecord renders one record as a log line.
+// formatRecord renders one record as a log line. Every text from the
+// record is escaped (escape.Text): the line holds no control character.
 func formatRecord(r *runstate.Record) string {
-	subject := r.Stage
+	subject := escape.Text(r.Stage)
 	if r.Stage != "" && r.Attempt > 0 {
 		subject += fmt.Sprintf("#%d", r.Attempt)
 	}
@@ -218,13 +230,13 @@ func formatRecord(r *runstate.Record) string {
 		if subject != "" {
 			subject += " "
 		}
-		subject += "key " + r.Key
+		subject += "key " + escape.Text(r.Key)
 	}
 	if subject == "" {
 		subject = "-"
 	}
 	return strings.TrimRight(fmt.Sprintf("%6d  %s  %-8s  %-11s  %-18s  %s",
-		r.Seq, r.At.UTC().Format("2006-01-02T15:04:05.000Z"), short(r.Session), r.Ev, subject, summary(r)), " ")
+		r.Seq, r.At.UTC().Format("2006-01-02T15:04:05.000Z"), short(r.Session), escape.Text(r.Ev), subject, summary(r)), " ")
 }
 
 // summary says in a few words what a record holds.
@@ -240,9 +252,9 @@ func summary(r *runstate.Record) string {
 			Format   int    `json:"format"`
 		}
 		_ = json.Unmarshal(r.Data, &d)
-		add("run %s, request %q", d.ID, oneLine(d.Request, 80))
+		add("run %s, request \"%s\"", escape.Text(d.ID), oneLine(d.Request, 80))
 		if d.Revision != "" {
-			add("revision %s", d.Revision)
+			add("revision %s", escape.Text(d.Revision))
 		}
 		add("format %d", d.Format)
 	case "open":
@@ -252,9 +264,9 @@ func summary(r *runstate.Record) string {
 			Revision string `json:"revision"`
 		}
 		_ = json.Unmarshal(r.Data, &d)
-		add("pid %d on %s", d.PID, d.Host)
+		add("pid %d on %s", d.PID, escape.Text(d.Host))
 		if d.Revision != "" {
-			add("revision %s", d.Revision)
+			add("revision %s", escape.Text(d.Revision))
 		}
 	case "close":
 		var d struct {
@@ -291,7 +303,7 @@ func summary(r *runstate.Record) string {
 		add("not sent")
 	}
 	if r.Class != "" && r.Ev == "fail" {
-		add("%s", r.Class)
+		add("%s", escape.Text(r.Class))
 	}
 	if r.Error != "" {
 		add("error: %s", oneLine(r.Error, 120))
@@ -301,14 +313,14 @@ func summary(r *runstate.Record) string {
 	}
 	if len(r.Outputs) > 0 {
 		o := r.Outputs[0]
-		s := fmt.Sprintf("-> %s (sha256:%.12s, %d B)", o.Path, o.SHA256, o.Size)
+		s := fmt.Sprintf("-> %s (sha256:%.12s, %d B)", escape.Text(o.Path), escape.Text(o.SHA256), o.Size)
 		if len(r.Outputs) > 1 {
 			s += fmt.Sprintf(" +%d more", len(r.Outputs)-1)
 		}
 		add("%s", s)
 	}
 	if r.By != "" {
-		add("by %s", r.By)
+		add("by %s", oneLine(r.By, 120))
 	}
 	if r.Note != "" {
 		add("note: %s", oneLine(r.Note, 120))

@@ -35,6 +35,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/runstate/runstate/internal/escape"
 )
 
 // Exit codes.
@@ -174,17 +176,19 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 // usageError reports a bad command line and returns exitUsage.
 func (c *cli) usageError(name, msg string) int {
 	cmd := lookup(name)
-	fmt.Fprintf(c.err, "runstate %s: %s\nusage: runstate %s %s\nrun 'runstate help %s' for more\n", cmd.name, msg, cmd.name, cmd.synopsis, cmd.name)
+	fmt.Fprintf(c.err, "runstate %s: %s\nusage: runstate %s %s\nrun 'runstate help %s' for more\n", cmd.name, escape.Page(msg), cmd.name, cmd.synopsis, cmd.name)
 	return exitUsage
 }
 
-// fail prints err on standard error and returns exitFail.
+// fail prints err on standard error and returns exitFail. The message may
+// quote a record (a stage's error, a name): what could act on a terminal
+// is escaped (escape.Page).
 func (c *cli) fail(err error) int {
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "runstate") {
 		msg = "runstate: " + msg
 	}
-	fmt.Fprintln(c.err, msg)
+	fmt.Fprintln(c.err, escape.Page(msg))
 	return exitFail
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var approveCmd = &command{
@@ -86,9 +87,9 @@ var resolveCmd = &command{
 	synopsis: "DIR KEY (-sent RECEIPT | -not-sent) -by NAME [-note TEXT] [-timeout D]",
 	short:    "settle a side effect whose outcome is unknown",
 	long: `Resolve records a person's decision on the side effect KEY, whose outcome
-is unknown (unconfirmed, or an intent whose session died): -sent RECEIPT
-says it happened, with its receipt, and it is never sent again; -not-sent
-says it did not, so the next Effect call sends it. RECEIPT is recorded as
+is unknown (unconfirmed, in doubt, or an intent whose session died):
+-sent RECEIPT says it happened, with its receipt, and it is never sent
+again; -not-sent says it did not, so the next Effect call sends it. RECEIPT is recorded as
 JSON: a valid JSON text as it is, anything else as a JSON string. Check the
 receiving system before deciding. The record is in the ledger, fsync'd, when
 the command returns. Exit status 1 when KEY is not awaiting a decision.`,
@@ -119,7 +120,7 @@ the command returns. Exit status 1 when KEY is not awaiting a decision.`,
 					if e.Key != args[1] {
 						continue
 					}
-					if e.State != runstate.EffectUnconfirmed && e.State != runstate.EffectIntent {
+					if e.State != runstate.EffectUnconfirmed && e.State != runstate.EffectInDoubt && e.State != runstate.EffectIntent {
 						return fmt.Errorf("effect %s is %s, not unconfirmed: there is nothing to resolve", args[1], e.State)
 					}
 					return nil
@@ -192,7 +193,7 @@ func (c *cli) operate(dir string, timeout time.Duration, check func(*runstate.St
 	if err != nil {
 		return c.fail(err)
 	}
-	fmt.Fprintf(c.out, "%s: recorded at seq %d in %s\n", what, seq, dir)
+	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s: recorded at seq %d in %s", what, seq, dir)))
 	return exitOK
 }
 
@@ -261,11 +262,11 @@ func (c *cli) repair(dir string, o *runstate.RepairOptions, asJSON bool) int {
 	}
 	w := bufio.NewWriter(c.out)
 	defer w.Flush()
-	fmt.Fprintf(w, "repaired %s\n", dir)
+	fmt.Fprintf(w, "repaired %s\n", escape.Text(dir))
 	if rep.Damage == "" {
 		fmt.Fprintf(w, "  damage:  none\n")
 	} else {
-		fmt.Fprintf(w, "  damage:  %s\n", rep.Damage)
+		fmt.Fprintf(w, "  damage:  %s\n", escape.Page(rep.Damage))
 	}
 	if rep.Restored > 0 {
 		fmt.Fprintf(w, "  restored: %d acknowledged records from logs/ledger.wal (a machine crash kept them out of the ledger)\n", rep.Restored)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gofrs/flock"
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var statusCmd = &command{
@@ -27,10 +29,14 @@ var statusCmd = &command{
 	long: `Status shows the run in DIR as the ledger has it: its identity (id,
 request, revision, environment), the next steps from the handoff, a table of
 stages (state, attempts, last change, outputs) and the blockers: stages
-awaiting a person or failed fatally, side effects whose outcome is unknown,
-and stages interrupted because their session died. A stage still "running"
-whose session is gone (its lock in logs/sessions is free) is reported as
-interrupted: the next session that opens the run records it so.
+awaiting a person or failed fatally, side effects whose outcome is unknown
+(in doubt: the next Effect call asks the receiving system; unconfirmed: a
+person must resolve them), and stages interrupted because their session
+died. A stage still "running" whose session is gone (its lock in
+logs/sessions is free) is reported as interrupted, and an effect's intent
+whose session is gone as in doubt: the next session that opens the run
+records them so. Text from the records is escaped (\x1b, \u202e ...): it
+never acts on the terminal.
 
 It takes no lock and writes nothing; it is safe while agents work on the
 run. Exit status 0 when nothing blocks the run, 3 when something does, 1
@@ -39,7 +45,8 @@ when the run cannot be read.
 With -json it prints one JSON object: the library's runstate.Status (dir,
 id, request, revision, environment, format, created, seq, plan, stages,
 artifacts, effects, sessions, blockers, next, done, remaining, metrics,
-torn), with the interrupted stages above added to blockers, plus
+torn), with the interrupted stages and in-doubt effects above added to
+blockers, plus
 "blocked" (bool) and "handoff" (the handoff text).`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
@@ -76,6 +83,16 @@ func (c *cli) status(dir string, asJSON bool) int {
 		}
 		st.Blockers = slices.Insert(st.Blockers, i, gone...)
 	}
+	// An intent whose session is gone is in doubt, as the next Open
+	// records it.
+	for _, e := range st.Effects {
+		if e.State == runstate.EffectIntent && !alive[e.Session] {
+			st.Blockers = append(st.Blockers, runstate.Blocker{Kind: "in-doubt", Key: e.Key,
+				Reason: fmt.Sprintf("session %s is gone between the intent and a confirmation; the next session to open the run records it as in doubt", short(e.Session)),
+				Action: "run the pipeline again: its next Effect call for this key asks the receiving system (Check) and settles it; " +
+					"only if it has no Check, or Check fails, must a person check the receiving system, then: runstate resolve DIR " + quoteArg(e.Key) + " -sent RECEIPT -by NAME (or -not-sent)"})
+		}
+	}
 	blocked := len(st.Blockers) > 0
 	code := exitOK
 	if blocked {
@@ -90,10 +107,10 @@ func (c *cli) status(dir string, asJSON bool) int {
 
 	w := bufio.NewWriter(c.out)
 	defer w.Flush()
-	fmt.Fprintf(w, "run       %s\n", st.ID)
+	fmt.Fprintf(w, "run       %s\n", escape.Text(st.ID))
 	fmt.Fprintf(w, "request   %s\n", oneLine(st.Request, 200))
 	if st.Revision != "" {
-		fmt.Fprintf(w, "revision  %s\n", st.Revision)
+		fmt.Fprintf(w, "revision  %s\n", escape.Text(st.Revision))
 	}
 	if len(st.Environment) > 0 {
 		keys := make([]string, 0, len(st.Environment))
@@ -102,12 +119,12 @@ func (c *cli) status(dir string, asJSON bool) int {
 		}
 		sort.Strings(keys)
 		for i, k := range keys {
-			keys[i] = k + "=" + st.Environment[k]
+			keys[i] = escape.Text(k) + "=" + escape.Text(st.Environment[k])
 		}
 		fmt.Fprintf(w, "env       %s\n", strings.Join(keys, " "))
 	}
 	fmt.Fprintf(w, "created   %s\n", st.Created.UTC().Format(time.RFC3339))
-	fmt.Fprintf(w, "ledger    seq %d (%s)\n", st.Seq, filepath.Join(dir, "logs", "ledger.jsonl"))
+	fmt.Fprintf(w, "ledger    seq %d (%s)\n", st.Seq, escape.Text(filepath.Join(dir, "logs", "ledger.jsonl")))
 	if len(st.Sessions) == 0 {
 		fmt.Fprintf(w, "sessions  none open\n")
 	} else {
@@ -117,16 +134,16 @@ func (c *cli) status(dir string, asJSON bool) int {
 			if alive[s.ID] {
 				state = "alive"
 			}
-			ss = append(ss, fmt.Sprintf("%s (pid %d on %s, %s)", short(s.ID), s.PID, s.Host, state))
+			ss = append(ss, fmt.Sprintf("%s (pid %d on %s, %s)", short(s.ID), s.PID, escape.Text(s.Host), state))
 		}
 		fmt.Fprintf(w, "sessions  %s\n", strings.Join(ss, "; "))
 	}
 	if st.Torn > 0 {
-		fmt.Fprintf(w, "note      the ledger ends in a torn line of %d bytes (a writer died mid-append; never acknowledged): the next writer, or 'runstate repair %s', cuts it\n", st.Torn, dir)
+		fmt.Fprintf(w, "note      the ledger ends in a torn line of %d bytes (a writer died mid-append; never acknowledged): the next writer, or 'runstate repair %s', cuts it\n", st.Torn, quoteArg(dir))
 	}
 	// The handoff's second paragraph: progress, last, next, then.
 	if paras := strings.Split(handoff, "\n\n"); len(paras) > 1 {
-		fmt.Fprintf(w, "\n%s\n", strings.TrimRight(paras[1], "\n"))
+		fmt.Fprintf(w, "\n%s\n", escape.Page(strings.TrimRight(paras[1], "\n")))
 	}
 
 	fmt.Fprintln(w)
@@ -139,7 +156,7 @@ func (c *cli) status(dir string, asJSON bool) int {
 		}
 		outs := "-"
 		if len(s.Outputs) > 0 {
-			outs = s.Outputs[0].Path
+			outs = escape.Text(s.Outputs[0].Path)
 			if len(s.Outputs) > 1 {
 				outs += fmt.Sprintf(" +%d more", len(s.Outputs)-1)
 			}
@@ -151,7 +168,7 @@ func (c *cli) status(dir string, asJSON bool) int {
 		if note == "" {
 			note = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", s.Name, s.State, s.Attempt, last, outs, oneLine(note, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", escape.Text(s.Name), escape.Text(s.State), s.Attempt, last, outs, oneLine(note, 60))
 	}
 	tw.Flush()
 
@@ -162,11 +179,13 @@ func (c *cli) status(dir string, asJSON bool) int {
 	}
 	fmt.Fprintf(w, "blockers  %d\n", len(st.Blockers))
 	for _, b := range st.Blockers {
-		what := b.Stage
+		what := escape.Text(b.Stage)
 		if what == "" {
-			what = "effect " + b.Key
+			what = "effect " + escape.Text(b.Key)
 		}
-		fmt.Fprintf(w, "  %s (%s): %s\n    do: %s\n", what, b.Kind, oneLine(b.Reason, 200), strings.Replace(b.Action, " DIR ", " "+quoteArg(dir)+" ", 1))
+		// Action is the library's text with names quoted (escape.Arg);
+		// Page makes sure of it.
+		fmt.Fprintf(w, "  %s (%s): %s\n    do: %s\n", what, escape.Text(b.Kind), oneLine(b.Reason, 200), escape.Page(strings.Replace(b.Action, " DIR ", " "+quoteArg(dir)+" ", 1)))
 	}
 	return code
 }
@@ -225,6 +244,11 @@ func sessionsAlive(dir string, st *runstate.Status) map[string]bool {
 			check(s.Session)
 		}
 	}
+	for _, e := range st.Effects {
+		if e.State == runstate.EffectIntent {
+			check(e.Session)
+		}
+	}
 	return alive
 }
 
@@ -259,10 +283,11 @@ func short(id string) string {
 	if len(id) > 8 {
 		id = id[len(id)-8:]
 	}
-	return id
+	return escape.Text(id)
 }
 
-// oneLine folds s to one line of at most max bytes.
+// oneLine folds s to one line of at most max bytes (before escaping), and
+// escapes what could act on a terminal (escape.Text).
 func oneLine(s string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > max {
@@ -272,22 +297,25 @@ func oneLine(s string, max int) string {
 		}
 		s = s[:cut] + "..."
 	}
-	return s
+	return escape.Text(s)
 }
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
-// quoteArg quotes s for a shell when it needs it.
-func quoteArg(s string) string {
-	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+// quoteArg quotes s for a shell when it needs it (escape.Arg): the
+// result holds no control character.
+func quoteArg(s string) string { return escape.Arg(s) }
 
+// writeJSON writes v as indented JSON, with every rune a terminal could
+// act on written as a \u escape (escape.JSON): the same values.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(escape.JSON(b.Bytes()))
+	return err
 }
