@@ -12,6 +12,9 @@
 // separators, spaces other than U+0020. A backslash is written \\, so
 // the form is unambiguous: "\x1b" in the output is an escaped ESC, "\\x1b"
 // the four characters as given.
+//
+// The functions write nothing and keep no state: they are safe for
+// concurrent use.
 package escape
 
 import (
