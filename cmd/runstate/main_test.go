@@ -352,6 +352,13 @@ func TestStatusMidRun(t *testing.T) {
 	dir, r := newRun(t)
 	_, err := r.Begin(context.Background(), "execute", runstate.After("plan"))
 	require.NoError(t, err)
+	// The handoff shows a begin once it has run for 50 ms (the library's
+	// handoffLag): wait for that rewrite, or it may land while readCLI
+	// compares the directory before and after.
+	require.Eventually(t, func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+		return strings.Contains(string(data), "execute (running")
+	}, 10*time.Second, 5*time.Millisecond)
 
 	res := readCLI(t, dir, "status", dir)
 	assert.Equal(t, 0, res.code, "a live session's running stage blocks nothing: %s", res.out)
