@@ -87,6 +87,9 @@ func readOnly(dir string) (*state, int64, error) {
 		return nil, 0, err
 	}
 	if st.pos.seq == 0 {
+		if found := leftovers(osFS{}, dir, true); len(found) > 0 {
+			return nil, 0, lostLedger(lp, f, true, found)
+		}
 		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
 	}
 	return st, torn, nil
@@ -218,6 +221,12 @@ func Verify(dir string) (*Report, error) {
 			Fix:  "the next Open, or 'runstate repair DIR', copies them into the ledger"})
 	}
 	if st.pos.seq == 0 {
+		if found := leftovers(osFS{}, dir, true); len(found) > 0 {
+			rep.Problems = append(rep.Problems, Problem{File: lp, Line: 1,
+				What: "the ledger holds no record, but " + strings.Join(found, ", ") + " show that a run was here (the ledger was emptied or lost)",
+				Fix:  lostFix})
+			return rep, nil
+		}
 		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
 			Fix: "Open the directory with Options.Request to create the run, or remove it"})
 		return rep, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -89,6 +90,14 @@ func TestOpenNeverReplacesARun(t *testing.T) {
 			after, _ := os.ReadFile(ledgerPath(dir))
 			assert.Equal(t, damaged, after, "nothing is written, not even a torn line cut")
 			assert.Equal(t, 1, sent, "the confirmed effect is not sent again")
+			if damaged != nil {
+				// The readers say so too, rather than "never created".
+				_, err = runstate.Inspect(dir)
+				assert.ErrorAs(t, err, &cerr, "Inspect")
+				rep, err := runstate.Verify(dir)
+				require.NoError(t, err)
+				assert.Contains(t, fmt.Sprint(rep.Problems), "show that a run was here")
+			}
 		})
 	}
 }
