@@ -8,8 +8,8 @@ import (
 )
 
 // fileIDs are the files a session appends to, as it opened them: the
-// ledger and the journal. Under the ledger lock, checkFiles looks
-// whether their names still lead to them: a ledger or a
+// ledger and the journal. Under the ledger lock, checkFiles and
+// checkJournal look whether their names still lead to them: a ledger or a
 // journal deleted, renamed or replaced under a session (by a person, a
 // backup tool, a sync client) would otherwise take its appends and
 // fdatasyncs into a file nobody reads again, and records acknowledged
@@ -32,25 +32,25 @@ type fileID struct {
 // the session has open.
 var errReplaced = errors.New("it is no longer the file this session opened (deleted, renamed or replaced?)")
 
-// checkFiles reports, as a sticky WriteError naming the file, a ledger or
-// journal whose path no longer leads to the file the session appends to.
-// It runs before every batch that acknowledges a record durably (one that
-// asks for an fsync: a Complete, an Effect's intent, a Close ...), under
-// the ledger lock, before anything is written: a statx (or lstat) of each
-// file. A batch of begins alone, which acknowledges nothing durably, is not
-// checked: the complete after it is.
+// checkFiles reports, as a sticky WriteError naming the file, a ledger
+// whose path no longer leads to the file the session appends to. It runs
+// before every batch that acknowledges a record durably (one that asks for
+// an fsync: a Complete, an Effect's intent, a Close ...), under the ledger
+// lock, before anything is written: one statx (or lstat). A batch of begins
+// alone, which acknowledges nothing durably, is not checked: the complete
+// after it is. The journal is checked by checkJournal, only when a batch is
+// to be made durable in it: one made durable by the ledger's own fdatasync
+// does not depend on it.
 func (r *Run) checkFiles(batch []*tx) error {
 	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
 		return nil
 	}
-	if err := r.checkFile(ledgerFile, r.ids.ledger); err != nil {
-		return err
-	}
-	if r.wal.f != nil {
-		return r.checkFile(walFile, r.ids.wal)
-	}
-	return nil
+	return r.checkFile(ledgerFile, r.ids.ledger)
 }
+
+// checkJournal is checkFiles for logs/ledger.wal: syncBatch calls it before
+// it writes a batch into the ring, which alone then holds it durably.
+func (r *Run) checkJournal() error { return r.checkFile(walFile, r.ids.wal) }
 
 func (r *Run) checkFile(rel string, id fileID) error {
 	if id == (fileID{}) {

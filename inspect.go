@@ -80,6 +80,9 @@ func readOnly(dir string) (*state, int64, error) {
 	}
 	torn := max(0, fi.Size()-st.pos.offset)
 	if st.pos.seq == 0 {
+		if found := leftovers(osFS{}, dir, true); len(found) > 0 {
+			return nil, 0, lostLedger(lp, f, true, found)
+		}
 		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
 	}
 	return st, torn, nil
@@ -213,6 +216,12 @@ func Verify(dir string) (*Report, error) {
 		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn))
 	}
 	if st.pos.seq == 0 {
+		if found := leftovers(osFS{}, dir, true); len(found) > 0 {
+			rep.Problems = append(rep.Problems, Problem{File: lp, Line: 1,
+				What: "the ledger holds no record, but " + strings.Join(found, ", ") + " show that a run was here (the ledger was emptied or lost)",
+				Fix:  lostFix})
+			return rep, nil
+		}
 		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
 			Fix: "Open the directory with Options.Request to create the run, or remove it"})
 		return rep, nil

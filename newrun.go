@@ -3,6 +3,7 @@ package runstate
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -16,13 +17,27 @@ import (
 // caller holds the ledger lock; existed says whether the ledger was there
 // before Open created it.
 func (r *Run) refuseReplace(existed bool) error {
+	found := leftovers(r.fs, r.abs, existed)
+	if len(found) == 0 {
+		return nil
+	}
+	if !existed {
+		_ = r.fs.Remove(r.path(ledgerFile)) // Open created it: leave the directory as it was
+	}
+	return lostLedger(r.path(ledgerFile), r.ledger, existed, found)
+}
+
+// leftovers lists the files in dir that only a run leaves (see
+// refuseReplace).
+func leftovers(fsys fileSystem, dir string, existed bool) []string {
+	path := func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	var found []string
 	for _, rel := range []string{manifestFile, nextStepsFile} {
-		if _, err := r.fs.Stat(r.path(rel)); err == nil {
+		if _, err := fsys.Stat(path(rel)); err == nil {
 			found = append(found, rel)
 		}
 	}
-	ents, _ := r.fs.ReadDir(r.path(sessionsDir))
+	ents, _ := fsys.ReadDir(path(sessionsDir))
 	for _, e := range ents {
 		if strings.HasSuffix(e.Name(), ".lock") {
 			found = append(found, sessionsDir+"/"+e.Name())
@@ -30,23 +45,32 @@ func (r *Run) refuseReplace(existed bool) error {
 		}
 	}
 	if existed {
-		if ents, _ := os.ReadDir(r.path("artifacts")); len(ents) > 0 {
+		if ents, _ := os.ReadDir(path("artifacts")); len(ents) > 0 {
 			found = append(found, "artifacts/"+ents[0].Name())
 		}
 	}
-	if len(found) == 0 {
-		return nil
-	}
-	what := "is missing"
-	if !existed {
-		_ = r.fs.Remove(r.path(ledgerFile)) // Open created it: leave the directory as it was
-	} else {
-		what = "is empty"
-		if size, err := fileSize(r.ledger); err == nil && size > 0 {
-			what = "holds no record (its first line does not parse)"
+	return found
+}
+
+// lostLedger is the error for a ledger lp (open as f) that holds no record
+// beside the leftovers found of a run.
+func lostLedger(lp string, f file, existed bool, found []string) error {
+	return &CorruptError{Path: lp, Line: 1, Err: fmt.Errorf(
+		"the ledger %s, but %s show that a run was here: Open does not start a new run over it (it would get a new id, redo every stage and send every effect again); %s",
+		lostWhat(f, existed), strings.Join(found, ", "), lostFix)}
+}
+
+// lostFix is what to do about a lost ledger.
+const lostFix = "restore the ledger from a backup (or from a logs/ledger.jsonl.torn-* file), or move the directory away to start a new run"
+
+func lostWhat(f file, existed bool) string {
+	switch {
+	case !existed:
+		return "is missing"
+	case f != nil:
+		if size, err := fileSize(f); err == nil && size > 0 {
+			return "holds no record (its first line does not parse)"
 		}
 	}
-	return &CorruptError{Path: r.path(ledgerFile), Line: 1, Err: fmt.Errorf(
-		"the ledger %s, but %s show that a run was here: Open does not start a new run over it (it would get a new id, redo every stage and send every effect again); restore the ledger from a backup (or from a logs/ledger.jsonl.torn-* file), or move the directory away to start a new run",
-		what, strings.Join(found, ", "))}
+	return "is empty"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -89,6 +90,14 @@ func TestOpenNeverReplacesARun(t *testing.T) {
 			after, _ := os.ReadFile(ledgerPath(dir))
 			assert.Equal(t, damaged, after, "nothing is written, not even a torn line cut")
 			assert.Equal(t, 1, sent, "the confirmed effect is not sent again")
+			if damaged != nil {
+				// The readers say so too, rather than "never created".
+				_, err = runstate.Inspect(dir)
+				assert.ErrorAs(t, err, &cerr, "Inspect")
+				rep, err := runstate.Verify(dir)
+				require.NoError(t, err)
+				assert.Contains(t, fmt.Sprint(rep.Problems), "show that a run was here")
+			}
 		})
 	}
 }
@@ -107,10 +116,11 @@ func TestOpenCreatesWhereNoRunWas(t *testing.T) {
 	assert.Equal(t, []string{"create", "open", "close"}, ledgerEvents(t, dir))
 }
 
-// TestAppendFailsClosedWhenItsFileIsReplaced: once logs/ledger.jsonl or
-// logs/ledger.wal is no longer the file the session has open, the next
-// append fails, naming the file, and the Run is read-only: nothing is
-// acknowledged into a file nobody reads.
+// TestAppendFailsClosedWhenItsFileIsReplaced: once logs/ledger.jsonl is no
+// longer the file the session has open, the next append that acknowledges
+// a record fails, naming the file, and the Run is read-only: nothing is
+// acknowledged into a file nobody reads (the journal's cases are in
+// TestRingBatchFailsClosedWhenTheJournalIsReplaced).
 func TestAppendFailsClosedWhenItsFileIsReplaced(t *testing.T) {
 	cases := []struct {
 		name, file string
@@ -119,14 +129,11 @@ func TestAppendFailsClosedWhenItsFileIsReplaced(t *testing.T) {
 		{"ledger deleted", "logs/ledger.jsonl", os.Remove},
 		{"ledger renamed", "logs/ledger.jsonl", func(p string) error { return os.Rename(p, p+".old") }},
 		{"ledger replaced by a copy", "logs/ledger.jsonl", replaceByCopy},
-		{"journal deleted", "logs/ledger.wal", os.Remove},
-		{"journal replaced by a copy", "logs/ledger.wal", replaceByCopy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			ctx := context.Background()
-			// With fsyncs: the journal exists only then.
 			r, err := runstate.Open(dir, &runstate.Options{Request: testRequest})
 			require.NoError(t, err)
 			defer r.Close()

@@ -350,6 +350,9 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 		j.synced, j.covered = end, end
 		return nil
 	}
+	if err := r.checkJournal(); err != nil {
+		return err // replaced under this session: see filecheck.go
+	}
 	data := b
 	if span != nil {
 		data = span
