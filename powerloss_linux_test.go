@@ -33,11 +33,16 @@ import (
 // acknowledged may be lost, Open must be clean and Verify must pass.
 //
 // It needs root, losetup, mkfs.ext4 and mount. Without them it skips,
-// except under CI (CI set, as .ci/run sets it), where it fails.
+// except under CI (CI set, as .ci/run sets it), where it fails. The mounts
+// live in a child process's own mount namespace, which dies with it
+// (SIGKILL when this process ends, go test's timeout included): the
+// kernel then unmounts them, and the loop devices, set to clear
+// themselves, go too.
 
 const (
-	realFSChildEnv = "RUNSTATE_REALFS_RUN"  // in the child: the run directory
-	realFSAcksEnv  = "RUNSTATE_REALFS_ACKS" // in the child: where acknowledgements go
+	realFSRoleEnv  = "RUNSTATE_REALFS_ROLE" // in a child: "mounter" or "checkpointer"
+	realFSChildEnv = "RUNSTATE_REALFS_RUN"  // in the checkpointer: the run directory
+	realFSAcksEnv  = "RUNSTATE_REALFS_ACKS" // in the checkpointer: where acknowledgements go
 	realFSRequest  = "power loss on a real file system"
 	// goingDown is EXT4_IOC_SHUTDOWN and XFS_IOC_GOINGDOWN: _IOR('X', 125, __u32).
 	goingDown = 0x8004587D
@@ -46,8 +51,12 @@ const (
 )
 
 func TestPowerLossRealFileSystem(t *testing.T) {
-	if dir := os.Getenv(realFSChildEnv); dir != "" {
-		realFSChild(dir, os.Getenv(realFSAcksEnv))
+	switch os.Getenv(realFSRoleEnv) {
+	case "checkpointer":
+		realFSChild(os.Getenv(realFSChildEnv), os.Getenv(realFSAcksEnv))
+		return
+	case "mounter":
+		realFSMounter(t)
 		return
 	}
 	need := func(what string) {
@@ -64,6 +73,16 @@ func TestPowerLossRealFileSystem(t *testing.T) {
 			need(tool)
 		}
 	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPowerLossRealFileSystem$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), realFSRoleEnv+"=mounter", "GORACE=atexit_sleep_ms=0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	t.Logf("the mounting child (its own mount namespace):\n%s", out)
+	require.NoError(t, err, "the power-loss trials failed (see above)")
+}
+
+// realFSMounter runs the trials: in a mount namespace of its own.
+func realFSMounter(t *testing.T) {
 	kinds := []string{"ext4"}
 	if _, err := exec.LookPath("mkfs.xfs"); err == nil {
 		kinds = append(kinds, "xfs")
@@ -74,9 +93,9 @@ func TestPowerLossRealFileSystem(t *testing.T) {
 	trials, acked := 0, 0
 	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
-			mnt := loopMount(t, kind)
+			img, mnt := loopMount(t, kind)
 			for trial := 0; trial < 3; trial++ {
-				acked += realFSTrial(t, mnt, trial)
+				acked += realFSTrial(t, img, mnt, trial)
 				trials++
 			}
 		})
@@ -119,42 +138,35 @@ func realFSStage(ctx context.Context, r *runstate.Run, i int) error {
 	}, runstate.Value("pad", strings.Repeat("p", i%700)))
 }
 
-// loopMount makes a file system of kind in an image file, loop-mounts it
-// and returns the mount point; cleanups unmount it and detach the loop
-// device, also when the test fails.
-func loopMount(t *testing.T, kind string) string {
+// loopMount makes a file system of kind in an image file and mounts it
+// through a loop device that clears itself when it is unmounted; it
+// returns the image and the mount point. A cleanup unmounts it, also when
+// the test fails.
+func loopMount(t *testing.T, kind string) (img, mnt string) {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), kind+".img")
+	img = filepath.Join(t.TempDir(), kind+".img")
 	size := int64(64 << 20)
 	if kind == "xfs" {
 		size = 320 << 20 // mkfs.xfs wants 300 MiB
 	}
 	require.NoError(t, os.WriteFile(img, nil, 0o600))
 	require.NoError(t, os.Truncate(img, size))
-	out, err := exec.Command("losetup", "-f", "--show", img).CombinedOutput()
-	require.NoError(t, err, "losetup: %s", out)
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
-	mkfs := exec.Command("mkfs.ext4", "-q", dev)
+	mkfs := exec.Command("mkfs.ext4", "-q", "-F", img)
 	if kind == "xfs" {
-		mkfs = exec.Command("mkfs.xfs", "-q", "-f", dev)
+		mkfs = exec.Command("mkfs.xfs", "-q", "-f", img)
 	}
-	out, err = mkfs.CombinedOutput()
+	out, err := mkfs.CombinedOutput()
 	require.NoError(t, err, "mkfs: %s", out)
-	mnt := t.TempDir()
-	mount(t, dev, mnt)
+	mnt = t.TempDir()
+	mount(t, img, mnt)
 	t.Cleanup(func() { unmount(t, mnt) })
-	return mnt
+	return img, mnt
 }
 
-func mount(t *testing.T, dev, mnt string) {
+func mount(t *testing.T, img, mnt string) {
 	t.Helper()
-	out, err := exec.Command("mount", dev, mnt).CombinedOutput()
-	require.NoError(t, err, "mount %s %s: %s", dev, mnt, out)
+	out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput()
+	require.NoError(t, err, "mount -o loop %s %s: %s", img, mnt, out)
 }
 
 // unmount unmounts mnt if it is mounted, lazily when it is busy.
@@ -188,12 +200,13 @@ func mounted(mnt string) bool {
 // down without a log flush while the child checkpoints, mounts it again and
 // checks that every acknowledged checkpoint is there. It returns how many
 // there were.
-func realFSTrial(t *testing.T, mnt string, trial int) int {
+func realFSTrial(t *testing.T, img, mnt string, trial int) int {
 	t.Helper()
 	dir := filepath.Join(mnt, fmt.Sprintf("run%d", trial))
 	acks := filepath.Join(t.TempDir(), "acks") // another file system
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPowerLossRealFileSystem$", "-test.count=1")
-	cmd.Env = append(os.Environ(), realFSChildEnv+"="+dir, realFSAcksEnv+"="+acks, "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(os.Environ(), realFSRoleEnv+"=checkpointer", realFSChildEnv+"="+dir, realFSAcksEnv+"="+acks, "GORACE=atexit_sleep_ms=0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
@@ -237,9 +250,8 @@ func realFSTrial(t *testing.T, mnt string, trial int) int {
 	acked := ackedStages(t, acks)
 
 	// The machine comes back: the file system replays its journal.
-	dev := mountSource(t, mnt)
 	unmount(t, mnt)
-	mount(t, dev, mnt)
+	mount(t, img, mnt)
 
 	r, err := runstate.Open(dir, &runstate.Options{Request: realFSRequest})
 	require.NoError(t, err, "Open after the power loss")
@@ -293,19 +305,4 @@ func ackedStages(t *testing.T, acks string) []string {
 		return strings.Fields(string(data[:i]))
 	}
 	return nil
-}
-
-// mountSource returns the device mounted at mnt.
-func mountSource(t *testing.T, mnt string) string {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mounts")
-	require.NoError(t, err)
-	abs, _ := filepath.Abs(mnt)
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] == abs {
-			return f[0]
-		}
-	}
-	t.Fatalf("%s is not mounted", mnt)
-	return ""
 }
