@@ -43,7 +43,9 @@ const (
 // to the working directory). Its name in the ledger is path as given. The
 // file is hashed at Begin and again at Complete (a change in between makes
 // Complete return ErrStale). A missing file is an error at Begin, never an
-// empty fingerprint.
+// empty fingerprint; so is one that is not a regular file (a FIFO, a
+// device such as /dev/zero, a directory: ErrInvalid), which could block
+// or never end.
 func File(path string) Input { return Input{kind: inputFile, name: path} }
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
@@ -62,8 +64,24 @@ func Value(name string, v any) Input {
 func After(stage string) Input { return Input{kind: inputAfter, name: "after:" + stage} }
 
 // ValidFor makes the stage's evidence expire: a stage completed longer than
-// d ago is redone, with the reason "evidence expired".
+// d ago is redone, with the reason "evidence expired". So is one whose
+// completion time is after the clock's now (the clock was ahead then, or
+// was set back since: a VM snapshot, an NTP step): its age is unknown.
 func ValidFor(d time.Duration) Input { return Input{kind: inputValidFor, validFor: d} }
+
+// expired says why evidence of a stage done at done is expired at now
+// under ValidFor(d), or "". A done time after now (the clock was ahead
+// then, or is behind now: a VM snapshot restored, an NTP step) proves no
+// age: such evidence is expired, or it would stay valid for the gap.
+func expired(done, now time.Time, d time.Duration) string {
+	switch age := now.Sub(done); {
+	case age < 0:
+		return fmt.Sprintf("evidence expired: complete since %s, %s after this clock's now (was the clock ahead, or set back?); valid for %s", done.Format(time.RFC3339), (-age).Round(time.Second), d)
+	case age > d:
+		return fmt.Sprintf("evidence expired (valid for %s, complete since %s)", d, done.Format(time.RFC3339))
+	}
+	return ""
+}
 
 func fingerprint(data []byte) string {
 	h := sha256.Sum256(data)
@@ -135,6 +153,9 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			ev.validFor = in.validFor
 			continue
 		}
+		if strings.IndexByte(in.name, 0) >= 0 {
+			return nil, fmt.Errorf("%w: input name %q has a NUL byte", ErrInvalid, in.name)
+		}
 		if !utf8.ValidString(in.name) {
 			// Recorded altered, it would never match again after a resume.
 			return nil, fmt.Errorf("%w: input name %q is not valid UTF-8", ErrInvalid, in.name)
@@ -147,6 +168,9 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			fp, err := hashFile(in.name)
 			if isNotExist(err) {
 				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path)", in.name, err)
+			}
+			if nr := (*notRegular)(nil); errors.As(err, &nr) {
+				return nil, fmt.Errorf("runstate: input %s is %w: an input is hashed whole at Begin and again at Complete; pass what it holds with Value, or copy it to a file first", in.name, err)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
@@ -166,7 +190,7 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 }
 
 func hashFile(p string) (string, error) {
-	f, err := os.Open(p)
+	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
 	if err != nil {
 		return "", err
 	}
@@ -250,7 +274,7 @@ func (r *Run) checkOutputs(outs []Output) string {
 }
 
 func (r *Run) hashOutput(rel string) (string, int64, error) {
-	f, err := r.root.Open(filepath.FromSlash(rel))
+	f, err := openRegular(func(flag int) (*os.File, error) { return r.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
 	if err != nil {
 		return "", 0, err
 	}
@@ -354,8 +378,8 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 				if reason == "" {
 					reason = outReason
 				}
-				if reason == "" && ev.validFor > 0 && time.Since(st.DoneAt) > ev.validFor {
-					reason = fmt.Sprintf("evidence expired (valid for %s, complete since %s)", ev.validFor, st.DoneAt.Format(time.RFC3339))
+				if reason == "" && ev.validFor > 0 {
+					reason = expired(st.DoneAt, time.Now(), ev.validFor)
 				}
 				if reason == "" {
 					return nil, fmt.Errorf("%w: %s (seq %d)", ErrDone, name, st.DoneSeq)
@@ -421,6 +445,9 @@ func (st *Stage) Run() *Run { return st.run }
 func (r *Run) rel(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", fmt.Errorf("%w: output path %q has a NUL byte, which no file system takes in a name", ErrInvalid, p)
 	}
 	if !utf8.ValidString(p) {
 		// The ledger would record it altered (JSON), and a later session
