@@ -161,6 +161,14 @@
 // stage if an output did not survive. A temp file left by a killed write
 // is removed by the next Open.
 //
+// runstate opens its own files (logs/, its files and directories, and
+// manifest.json) only where they are: Open and Repair refuse a run in which
+// one of them is a symbolic link, naming it (ErrInvalid). An output may not
+// name them in any spelling a case-insensitive file system takes for
+// theirs (LOGS/ledger.jsonl, Manifest.JSON, manifest.json.), nor reach them
+// through a symbolic link, nor use a name Windows reserves for a device
+// (NUL, CON, COM1 ...).
+//
 // Runs assume a local file system: flock over NFS is not safe.
 //
 // # Concurrency

@@ -102,6 +102,11 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	if o.TruncateAt == 1 {
 		return nil, fmt.Errorf("%w: cutting at line 1 would drop the create record and leave no run: restore the ledger from a backup, or remove the run directory", ErrInvalid)
 	}
+	// No link among runstate's files: a repair truncates and rewrites
+	// them.
+	if err := guardOwnFiles(dir); err != nil {
+		return nil, err
+	}
 	fsys := osFS{}
 	path := func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	lp := path(ledgerFile)

@@ -469,8 +469,11 @@ func (r *Run) rel(p string) (string, error) {
 	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
 		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, r.dir)
 	}
-	if p == "logs" || strings.HasPrefix(p, "logs/") || p == manifestFile {
-		return "", fmt.Errorf("%w: output %s is one of runstate's own files", ErrInvalid, p)
+	if ownPath(p) {
+		return "", fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, p)
+	}
+	if c := reservedName(p); c != "" {
+		return "", fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, p, c)
 	}
 	return p, nil
 }
@@ -489,7 +492,11 @@ func (st *Stage) check() error {
 // attempt with its SHA-256. The file is not fsync'd:
 // Complete records its hash, and a later Begin redoes the stage if the
 // file did not survive. path is relative to the run directory (or absolute
-// inside it) and may not escape it, even through a symbolic link.
+// inside it) and may not escape it, even through a symbolic link; it may
+// not name runstate's own files (logs/ and manifest.json, in any letter
+// case or spelling a file system takes for them, or through a symbolic
+// link), a device name Windows reserves (NUL, CON, COM1 ...) or hold a NUL
+// byte (ErrInvalid).
 // Nothing is written to the ledger until Complete or Await records the
 // output. Safe for concurrent use; after the attempt ended it returns
 // ErrClosed.
@@ -517,6 +524,10 @@ func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	name := r.session + "-" + randomHex(8)
 	if r.out.write(rel, name, data) {
 		return nil
+	}
+	// os.Root follows a link inside the run: not one to runstate's files.
+	if err := r.checkLanding(rel, false); err != nil {
+		return err
 	}
 	native := filepath.FromSlash(rel)
 	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
@@ -587,6 +598,9 @@ func (st *Stage) Output(path string) error {
 	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
 		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
+	if err := st.run.checkLanding(rel, true); err != nil {
+		return err
+	}
 	if !slices.Contains(st.declared, rel) {
 		st.declared = append(st.declared, rel)
 	}
@@ -598,6 +612,9 @@ func (st *Stage) Output(path string) error {
 func (st *Stage) collectOutputs() ([]Output, error) {
 	outs := maps.Clone(st.outputs)
 	for _, rel := range st.declared {
+		if err := st.run.checkLanding(rel, true); err != nil { // a link made since Output
+			return nil, fmt.Errorf("runstate: stage %s: %w", st.name, err)
+		}
 		sum, size, err := st.run.hashOutput(rel)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
