@@ -167,7 +167,11 @@
 // name them in any spelling a case-insensitive file system takes for
 // theirs (LOGS/ledger.jsonl, Manifest.JSON, manifest.json.), nor reach them
 // through a symbolic link, nor use a name Windows reserves for a device
-// (NUL, CON, COM1 ...).
+// (NUL, CON, COM1 ...). Every file runstate creates, outputs included, gets
+// the ledger's group and other permission bits at most (less the umask):
+// after 'chmod 600 logs/ledger.jsonl' the run stays private, and the next
+// Open brings runstate's older files (the journal, the projections, torn
+// tails and backups) down to the ledger's bits.
 //
 // Runs assume a local file system: flock over NFS is not safe.
 //

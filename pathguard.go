@@ -3,13 +3,15 @@ package runstate
 import (
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 )
 
-// Where runstate's writes may land.
+// Where runstate's writes may land, and with which permission bits.
 //
 // runstate's own files are at fixed names (ownEntries). Open and Repair
 // refuse a run where one of them is a symbolic link (or a FIFO, a device),
@@ -31,8 +33,13 @@ var ownEntries = []string{"logs", sessionsDir, tmpDir, handoffDir,
 // guardOwnFiles checks runstate's own files in dir before anything opens
 // them: none may be a symbolic link, and none that is a
 // file may be a FIFO, a device or a socket (opening one blocks, or writes
-// elsewhere).
-func guardOwnFiles(dir string) error {
+// elsewhere). It returns the mode the run's files get: the ledger's
+// group and other bits, so that a run made private with chmod stays so
+// (0o777, no change, for a new run and on Windows). Files of runstate's
+// that are more open than the ledger are brought to its bits, and said
+// so in log (which may be nil).
+func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
+	mode := fs.FileMode(0o777)
 	for _, rel := range ownEntries {
 		p := filepath.Join(dir, filepath.FromSlash(rel))
 		fi, err := os.Lstat(p)
@@ -40,19 +47,51 @@ func guardOwnFiles(dir string) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("runstate: cannot use %s: %w", p, err)
+			return 0, fmt.Errorf("runstate: cannot use %s: %w", p, err)
 		}
 		t := fi.Mode().Type()
 		switch {
 		case t&fs.ModeSymlink != 0:
 			to, _ := os.Readlink(p)
-			return fmt.Errorf("%w: %s is a symbolic link (to %q): runstate opens its own files only where they are, so that no write or repair lands outside the run or on another file; replace the link with what it points to (or move the run there), then run again",
+			return 0, fmt.Errorf("%w: %s is a symbolic link (to %q): runstate opens its own files only where they are, so that no write or repair lands outside the run or on another file; replace the link with what it points to (or move the run there), then run again",
 				ErrInvalid, p, to)
 		case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
-			return fmt.Errorf("%w: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))
+			return 0, fmt.Errorf("%w: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))
+		}
+		if rel == ledgerFile && t.IsRegular() && runtime.GOOS != "windows" {
+			mode = 0o700 | fi.Mode().Perm()&0o077
 		}
 	}
-	return nil
+	if mode != 0o777 {
+		tighten(dir, mode, log)
+	}
+	return mode, nil
+}
+
+// tighten brings runstate's files in dir (the projections, the journal,
+// the handoff files, torn tails and backups of the ledger) down to mode
+// where they have more bits: a ledger made private keeps its copies
+// private. A file it cannot change stays as it was.
+func tighten(dir string, mode fs.FileMode, log *slog.Logger) {
+	var paths []string
+	for _, d := range []string{"logs", handoffDir} {
+		ents, _ := os.ReadDir(filepath.Join(dir, filepath.FromSlash(d)))
+		for _, e := range ents {
+			if e.Type().IsRegular() {
+				paths = append(paths, filepath.Join(dir, filepath.FromSlash(d), e.Name()))
+			}
+		}
+	}
+	paths = append(paths, filepath.Join(dir, manifestFile))
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^mode == 0 {
+			continue
+		}
+		if err := os.Chmod(p, fi.Mode().Perm()&mode); err == nil && log != nil {
+			log.Info("runstate: made a file as private as the ledger", "file", p, "mode", fi.Mode().Perm()&mode)
+		}
+	}
 }
 
 // kindOf names what a file that is not a regular one is.
@@ -72,8 +111,63 @@ func kindOf(m fs.FileMode) string {
 	return "not a regular file"
 }
 
-// guard checks the run's own files before Open uses them (guardOwnFiles).
-func (r *Run) guard() error { return guardOwnFiles(r.dir) }
+// guard checks the run's own files before Open uses them (guardOwnFiles)
+// and makes every file the Run creates through its file system get the
+// ledger's permission bits.
+func (r *Run) guard() error {
+	mode, err := guardOwnFiles(r.dir, r.log)
+	if err != nil {
+		return err
+	}
+	r.fs = withMode(r.fs, mode)
+	return nil
+}
+
+// modeFS is a fileSystem whose new files get at most mode's bits.
+type modeFS struct {
+	fileSystem
+	mode fs.FileMode
+}
+
+func (m modeFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
+	if flag&os.O_CREATE != 0 {
+		perm &= m.mode
+	}
+	return m.fileSystem.OpenFile(name, flag, perm)
+}
+
+// modeLinkFS is a modeFS of a file system that makes hard links.
+type modeLinkFS struct {
+	modeFS
+	l linker
+}
+
+func (m modeLinkFS) Link(oldname, newname string) error { return m.l.Link(oldname, newname) }
+
+// withMode returns fsys with new files limited to mode (fsys itself for
+// 0o777).
+func withMode(fsys fileSystem, mode fs.FileMode) fileSystem {
+	if mode == 0o777 {
+		return fsys
+	}
+	m := modeFS{fsys, mode}
+	if l, ok := fsys.(linker); ok {
+		return modeLinkFS{m, l}
+	}
+	return m
+}
+
+// outputPerm is the mode a new output gets: 0o644 (less the umask), less
+// what the run's files may not have.
+func outputPerm(fsys fileSystem) fs.FileMode {
+	switch m := fsys.(type) {
+	case modeFS:
+		return 0o644 & m.mode
+	case modeLinkFS:
+		return 0o644 & m.mode
+	}
+	return 0o644
+}
 
 // ownPath reports whether rel (clean, slash-separated, relative to the run
 // directory) names runstate's own files, logs/ or anything in it or

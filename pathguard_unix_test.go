@@ -4,8 +4,10 @@ package runstate_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -105,4 +107,60 @@ func TestOutputMustBeRegular(t *testing.T) {
 	}))
 	require.Len(t, rep.Problems, 1)
 	assert.Contains(t, rep.Problems[0].What, "not a regular file")
+}
+
+// TestPrivateRunStaysPrivate: once the ledger and the manifest are made
+// private (chmod 600), every file runstate creates or rewrites afterwards
+// (the manifest, next-steps.txt and its handoff files, the journal, a torn
+// tail moved aside, temp files, outputs, repair's backup and projections)
+// is readable by its owner only.
+func TestPrivateRunStaysPrivate(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: testRequest} // with fsync: the journal too
+	r, err := runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	for _, p := range []string{ledgerPath(dir), filepath.Join(dir, "manifest.json")} {
+		require.NoError(t, os.Chmod(p, 0o600))
+	}
+	// A torn tail for the next Open to move aside.
+	f, err := os.OpenFile(ledgerPath(dir), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99,"at":"20`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	r, err = runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "b", writeStage("artifacts/b/out.txt", "b")))
+	require.NoError(t, r.Do(ctx, "c", writeStage("c.txt", "c")))
+	require.NoError(t, r.Do(ctx, "c", writeStage("c.txt", "c"), runstate.Value("v", 2))) // replaced
+	require.NoError(t, r.Close())
+	_, err = runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: 5, Force: true})
+	require.NoError(t, err)
+	torn, _ := filepath.Glob(ledgerPath(dir) + ".torn-*")
+	backup, _ := filepath.Glob(ledgerPath(dir) + ".bak-*")
+	require.Len(t, torn, 1, "a torn tail was moved aside")
+	require.Len(t, backup, 1, "repair backed the ledger up")
+
+	var files []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		files = append(files, rel)
+		assert.Zero(t, fi.Mode().Perm()&0o077, "%s is %s: readable by others in a private run", rel, fi.Mode())
+		return nil
+	}))
+	all := strings.Join(files, " ")
+	for _, want := range []string{"manifest.json", "next-steps.txt", "ledger.wal", "c.txt", "out.txt"} {
+		assert.Contains(t, all, want)
+	}
 }

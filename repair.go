@@ -103,11 +103,12 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		return nil, fmt.Errorf("%w: cutting at line 1 would drop the create record and leave no run: restore the ledger from a backup, or remove the run directory", ErrInvalid)
 	}
 	// No link among runstate's files: a repair truncates and rewrites
-	// them.
-	if err := guardOwnFiles(dir); err != nil {
+	// them. What it writes gets the ledger's permission bits.
+	mode, err := guardOwnFiles(dir, nil)
+	if err != nil {
 		return nil, err
 	}
-	fsys := osFS{}
+	fsys := withMode(osFS{}, mode)
 	path := func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	lp := path(ledgerFile)
 	rep := &RepairReport{Dir: dir, Ledger: lp, Rebuilt: []string{}}

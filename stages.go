@@ -496,7 +496,8 @@ func (st *Stage) check() error {
 // not name runstate's own files (logs/ and manifest.json, in any letter
 // case or spelling a file system takes for them, or through a symbolic
 // link), a device name Windows reserves (NUL, CON, COM1 ...) or hold a NUL
-// byte (ErrInvalid).
+// byte (ErrInvalid). A new file gets mode 0o644 less the umask and less
+// the group and other bits the ledger lacks (see the package doc).
 // Nothing is written to the ledger until Complete or Await records the
 // output. Safe for concurrent use; after the attempt ended it returns
 // ErrClosed.
@@ -522,7 +523,8 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 // that leads out of the run directory is refused.
 func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	name := r.session + "-" + randomHex(8)
-	if r.out.write(rel, name, data) {
+	perm := outputPerm(r.fs)
+	if r.out.write(rel, name, data, perm) {
 		return nil
 	}
 	// os.Root follows a link inside the run: not one to runstate's files.
@@ -531,7 +533,7 @@ func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	}
 	native := filepath.FromSlash(rel)
 	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
-	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
