@@ -128,6 +128,18 @@
 // it off. A bad line anywhere else, a gap in seq or a broken prev chain is
 // corruption: Open fails with a *CorruptError naming the file, line and
 // byte offset, and writes nothing. An unknown format version is ErrVersion.
+// runstate opens its own files (logs/, its files and directories, and
+// manifest.json) only where they are: Open and Repair refuse a run in which
+// one of them is a symbolic link, naming it (ErrInvalid). An output may not
+// name them in any spelling a case-insensitive file system takes for
+// theirs (LOGS/ledger.jsonl, Manifest.JSON, manifest.json.), nor reach them
+// through a symbolic link, nor use a name Windows reserves for a device
+// (NUL, CON, COM1 ...). Every file runstate creates, outputs included, gets
+// the ledger's group and other permission bits at most (less the umask):
+// after 'chmod 600 logs/ledger.jsonl' the run stays private, and the next
+// Open brings runstate's older files (the journal, the projections, torn
+// tails and backups) down to the ledger's bits.
+//
 // Runs assume a local file system: flock is not safe over NFS.
 //
 // # Concurrency

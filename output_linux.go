@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"strings"
 	"syscall"
@@ -58,18 +59,19 @@ func (d *outputDirs) close() {
 var errFallBack = errors.New("runstate: output fast path declined")
 
 // write writes data to rel (a clean, slash-separated path inside the run
-// directory) through a temp file named tmpName in logs/tmp, and reports
+// directory that ownPath passed) with mode perm (less the umask), through
+// a temp file named tmpName in logs/tmp when rel exists, and reports
 // whether it did. When it did not, it left nothing behind and the caller
 // uses os.Root. The directories are used through Control, so a concurrent
 // Close cannot hand their descriptors to another file mid-call.
-func (d *outputDirs) write(rel, tmpName string, data []byte) bool {
+func (d *outputDirs) write(rel, tmpName string, data []byte, perm fs.FileMode) bool {
 	if d.root == nil {
 		return false
 	}
 	err := errFallBack
 	_ = control(d.root, func(rootFd int) {
 		_ = control(d.tmp, func(tmpFd int) {
-			err = d.writeAt(rootFd, tmpFd, rel, tmpName, data)
+			err = d.writeAt(rootFd, tmpFd, rel, tmpName, data, uint32(perm))
 		})
 	})
 	return err == nil
@@ -83,10 +85,11 @@ func control(f *os.File, fn func(fd int)) error {
 	return rc.Control(func(fd uintptr) { fn(int(fd)) })
 }
 
-func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte) error {
+func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte, perm uint32) error {
 	// The output's directory: each component opened with O_NOFOLLOW, so
 	// that no symbolic link is followed (os.Root follows those that stay
-	// inside; the fallback does).
+	// inside; the fallback does, after checkLanding). So the directory is
+	// the one rel names, which is not runstate's.
 	dirFd, base := rootFd, rel
 	if i := strings.LastIndexByte(rel, '/'); i >= 0 {
 		base = rel[i+1:]
@@ -106,10 +109,10 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 	// sees all of it or nothing, a killed process leaves nothing). An
 	// existing one (a stage run again: EEXIST), or no O_TMPFILE here:
 	// through logs/tmp.
-	if d.link.Write(dirFd, base, data) == nil {
+	if d.link.Write(dirFd, base, data, perm) == nil {
 		return nil
 	}
-	fd, err := openat(tmpFd, tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	fd, err := openat(tmpFd, tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, perm)
 	if err != nil {
 		return errFallBack
 	}

@@ -39,13 +39,13 @@ func TestOutputUnnamedFile(t *testing.T) {
 	}
 
 	require.Zero(t, r.out.link.Load(), "no way learnt before the first output")
-	require.True(t, r.out.write("first.txt", "t1", []byte("first")))
+	require.True(t, r.out.write("first.txt", "t1", []byte("first"), 0o644))
 	check("first.txt", []byte("first"))
 	way := r.out.link.Load()
 	assert.Contains(t, []int{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
 
 	// An output that exists is replaced (a link cannot), the way kept.
-	require.True(t, r.out.write("first.txt", "t2", []byte("second, longer")))
+	require.True(t, r.out.write("first.txt", "t2", []byte("second, longer"), 0o644))
 	check("first.txt", []byte("second, longer"))
 	assert.Equal(t, way, r.out.link.Load(), "replacing an output does not change the way")
 
@@ -58,7 +58,7 @@ func TestOutputUnnamedFile(t *testing.T) {
 		}
 		r.out.link.Store(c.how)
 		data := []byte("written with link way " + c.name)
-		require.True(t, r.out.write(c.name, "t-"+c.name, data), c.name)
+		require.True(t, r.out.write(c.name, "t-"+c.name, data, 0o644), c.name)
 		check(c.name, data)
 		assert.Equal(t, c.how, r.out.link.Load(), "%s: the way that worked is kept", c.name)
 	}
@@ -95,7 +95,7 @@ func TestOutputFastPath(t *testing.T) {
 	} {
 		t.Run(c.rel, func(t *testing.T) {
 			data := []byte("data of " + c.rel)
-			assert.Equal(t, c.fast, r.out.write(c.rel, r.session+"-probe", data), "fast path")
+			assert.Equal(t, c.fast, r.out.write(c.rel, r.session+"-probe", data, 0o644), "fast path")
 			if c.fast {
 				got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(c.rel)))
 				require.NoError(t, err)
@@ -123,6 +123,6 @@ func TestOutputFastPath(t *testing.T) {
 
 	// After Close the fast path declines (the directories are closed).
 	require.NoError(t, r.Close())
-	assert.False(t, r.out.write("late.txt", "x", []byte("late")))
+	assert.False(t, r.out.write("late.txt", "x", []byte("late"), 0o644))
 	assert.NoFileExists(t, filepath.Join(dir, "late.txt"))
 }

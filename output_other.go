@@ -2,12 +2,15 @@
 
 package runstate
 
-import "os"
+import (
+	"io/fs"
+	"os"
+)
 
 // outputDirs is the Linux fast path of Stage.WriteFile (output_linux.go);
 // elsewhere outputs go through os.Root.
 type outputDirs struct{}
 
-func (*outputDirs) open(*os.Root)                     {}
-func (*outputDirs) close()                            {}
-func (*outputDirs) write(string, string, []byte) bool { return false }
+func (*outputDirs) open(*os.Root)                                  {}
+func (*outputDirs) close()                                         {}
+func (*outputDirs) write(string, string, []byte, fs.FileMode) bool { return false }

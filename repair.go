@@ -113,7 +113,13 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	if o.TruncateAt == 1 {
 		return nil, fmt.Errorf("%w: cutting at line 1 would drop the create record and leave no run: restore the ledger from a backup, or remove the run directory", ErrInvalid)
 	}
-	fsys := osFS{}
+	// No link among runstate's files: a repair truncates and rewrites
+	// them. What it writes gets the ledger's permission bits.
+	mode, err := guardOwnFiles(dir, nil)
+	if err != nil {
+		return nil, err
+	}
+	fsys := withMode(osFS{}, mode)
 	path := func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }
 	lp := path(ledgerFile)
 	rep := &RepairReport{Dir: dir, Ledger: lp, Rebuilt: []string{}}

@@ -289,6 +289,9 @@ func (r *Run) open() error {
 	} else if err != nil && !isNotExist(err) {
 		return fmt.Errorf("runstate: cannot use %s: %w", r.dir, err)
 	}
+	if err := r.guard(); err != nil { // pathguard.go: runstate's own files
+		return err
+	}
 	for _, d := range []string{sessionsDir, tmpDir, handoffDir} {
 		if err := r.fs.MkdirAll(r.path(d), 0o755); err != nil {
 			return fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", r.path(d), err)

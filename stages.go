@@ -48,7 +48,9 @@ const (
 // ErrStale). A missing file is an error at Begin, never an empty
 // fingerprint. A stage completed before SourceDir existed recorded its
 // File inputs by the path as given; Begin matches those to the same path
-// given again, so they keep their evidence.
+// given again, so they keep their evidence. A file that is not a regular
+// file (a FIFO, a device such as /dev/zero, a directory) is refused at
+// Begin (ErrInvalid): it could block or never end.
 func File(path string) Input { return Input{kind: inputFile, name: path} }
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
@@ -67,8 +69,24 @@ func Value(name string, v any) Input {
 func After(stage string) Input { return Input{kind: inputAfter, name: "after:" + stage} }
 
 // ValidFor makes the stage's evidence expire: a stage completed longer than
-// d ago is redone, with the reason "evidence expired".
+// d ago is redone, with the reason "evidence expired". So is one whose
+// completion time is after the clock's now (the clock was ahead then, or
+// was set back since: a VM snapshot, an NTP step): its age is unknown.
 func ValidFor(d time.Duration) Input { return Input{kind: inputValidFor, validFor: d} }
+
+// expired says why evidence of a stage done at done is expired at now
+// under ValidFor(d), or "". A done time after now (the clock was ahead
+// then, or is behind now: a VM snapshot restored, an NTP step) proves no
+// age: such evidence is expired, or it would stay valid for the gap.
+func expired(done, now time.Time, d time.Duration) string {
+	switch age := now.Sub(done); {
+	case age < 0:
+		return fmt.Sprintf("evidence expired: complete since %s, %s after this clock's now (was the clock ahead, or set back?); valid for %s", done.Format(time.RFC3339), (-age).Round(time.Second), d)
+	case age > d:
+		return fmt.Sprintf("evidence expired (valid for %s, complete since %s)", d, done.Format(time.RFC3339))
+	}
+	return ""
+}
 
 func fingerprint(data []byte) string {
 	h := sha256.Sum256(data)
@@ -137,6 +155,9 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			ev.validFor = in.validFor
 			continue
 		}
+		if strings.IndexByte(in.name, 0) >= 0 {
+			return nil, fmt.Errorf("%w: input name %q has a NUL byte", ErrInvalid, in.name)
+		}
 		if !utf8.ValidString(in.name) {
 			// Recorded altered, it would never match again after a resume.
 			return nil, fmt.Errorf("%w: input name %q is not valid UTF-8", ErrInvalid, in.name)
@@ -153,6 +174,9 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 			fp, err := hashFile(path)
 			if isNotExist(err) {
 				return nil, fmt.Errorf("runstate: input %s: %w (an input must exist when the stage begins: create it first, or check the path; File paths are relative to Options.SourceDir, by default the working directory at Open)", in.name, err)
+			}
+			if nr := (*notRegular)(nil); errors.As(err, &nr) {
+				return nil, fmt.Errorf("runstate: input %s is %w: an input is hashed whole at Begin and again at Complete; pass what it holds with Value, or copy it to a file first", in.name, err)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("runstate: input %s: %w", in.name, err)
@@ -178,7 +202,7 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 }
 
 func hashFile(p string) (string, error) {
-	f, err := os.Open(p)
+	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
 	if err != nil {
 		return "", err
 	}
@@ -262,7 +286,7 @@ func (r *Run) checkOutputs(outs []Output) string {
 }
 
 func (r *Run) hashOutput(rel string) (string, int64, error) {
-	f, err := r.root.Open(filepath.FromSlash(rel))
+	f, err := openRegular(func(flag int) (*os.File, error) { return r.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
 	if err != nil {
 		return "", 0, err
 	}
@@ -368,8 +392,8 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 				if reason == "" {
 					reason = outReason
 				}
-				if reason == "" && ev.validFor > 0 && time.Since(st.DoneAt) > ev.validFor {
-					reason = fmt.Sprintf("evidence expired (valid for %s, complete since %s)", ev.validFor, st.DoneAt.Format(time.RFC3339))
+				if reason == "" && ev.validFor > 0 {
+					reason = expired(st.DoneAt, time.Now(), ev.validFor)
 				}
 				if reason == "" {
 					attempt, why = st.Attempt, reasonHolds
@@ -442,6 +466,9 @@ func (r *Run) rel(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
 	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", fmt.Errorf("%w: output path %q has a NUL byte, which no file system takes in a name", ErrInvalid, p)
+	}
 	if !utf8.ValidString(p) {
 		// The ledger would record it altered (JSON), and a later session
 		// would find the output missing and redo the stage every time.
@@ -458,8 +485,11 @@ func (r *Run) rel(p string) (string, error) {
 	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
 		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, r.dir)
 	}
-	if p == "logs" || strings.HasPrefix(p, "logs/") || p == manifestFile {
-		return "", fmt.Errorf("%w: output %s is one of runstate's own files", ErrInvalid, p)
+	if ownPath(p) {
+		return "", fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, p)
+	}
+	if c := reservedName(p); c != "" {
+		return "", fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, p, c)
 	}
 	return p, nil
 }
@@ -487,7 +517,12 @@ func (st *Stage) closedOr(err error) error {
 // attempt with its SHA-256. The file is not fsync'd:
 // Complete records its hash, and a later Begin redoes the stage if the
 // file did not survive. path is relative to the run directory (or absolute
-// inside it) and may not escape it, even through a symbolic link.
+// inside it) and may not escape it, even through a symbolic link; it may
+// not name runstate's own files (logs/ and manifest.json, in any letter
+// case or spelling a file system takes for them, or through a symbolic
+// link), a device name Windows reserves (NUL, CON, COM1 ...) or hold a NUL
+// byte (ErrInvalid). A new file gets mode 0o644 less the umask and less
+// the group and other bits the ledger lacks (see the package doc).
 // Nothing is written to the ledger until Complete or Await records the
 // output. Safe for concurrent use; after the attempt ended it returns
 // ErrClosed.
@@ -513,12 +548,17 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 // that leads out of the run directory is refused.
 func (r *Run) writeOutput(rel string, data []byte) (err error) {
 	name := r.session + "-" + randomHex(8)
-	if r.out.write(rel, name, data) {
+	perm := outputPerm(r.fs)
+	if r.out.write(rel, name, data, perm) {
 		return nil
+	}
+	// os.Root follows a link inside the run: not one to runstate's files.
+	if err := r.checkLanding(rel, false); err != nil {
+		return err
 	}
 	native := filepath.FromSlash(rel)
 	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
-	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
@@ -588,6 +628,9 @@ func (st *Stage) Output(path string) error {
 		}
 		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
+	if err := st.run.checkLanding(rel, true); err != nil {
+		return err
+	}
 	if !slices.Contains(st.declared, rel) {
 		st.declared = append(st.declared, rel)
 	}
@@ -599,6 +642,9 @@ func (st *Stage) Output(path string) error {
 func (st *Stage) collectOutputs() ([]Output, error) {
 	outs := maps.Clone(st.outputs)
 	for _, rel := range st.declared {
+		if err := st.run.checkLanding(rel, true); err != nil { // a link made since Output
+			return nil, fmt.Errorf("runstate: stage %s: %w", st.name, err)
+		}
 		sum, size, err := st.run.hashOutput(rel)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {

@@ -25,7 +25,7 @@ func Fdatasync(f *os.File) error { return syscall.Fdatasync(int(f.Fd())) }
 // out (openat, write, close, renameat), as WriteFile then does. Nothing is
 // synced. Safe for concurrent use.
 func WriteOutput(tmp, out *os.File, tmpName, outName string, data []byte) error {
-	if err := way.Write(int(out.Fd()), outName, data); !errors.Is(err, unnamed.ErrUnsupported) {
+	if err := way.Write(int(out.Fd()), outName, data, 0o644); !errors.Is(err, unnamed.ErrUnsupported) {
 		return err
 	}
 	fd, err := syscall.Openat(int(tmp.Fd()), tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o644)

@@ -34,15 +34,15 @@ const (
 )
 
 // Write writes data to name, which must not exist yet, in the directory
-// dirFd: an unnamed file is made there with mode 0o644 (less the umask),
+// dirFd: an unnamed file is made there with mode perm (less the umask),
 // written, and linked in, trying the ways from how (EmptyPath or Proc) on.
 // Nothing is synced. It returns the way that linked the file, or, on
 // failure, the way to try next time: None when this kernel or file system
 // cannot do it at all, how when the failure was this file's (EEXIST: name
 // exists; a full disk). On failure nothing is left behind.
-func Write(dirFd int, name string, data []byte, how int) (int, error) {
+func Write(dirFd int, name string, data []byte, perm uint32, how int) (int, error) {
 	fd, err := retry(func() (int, error) {
-		return syscall.Openat(dirFd, ".", oTmpfile|syscall.O_WRONLY|syscall.O_CLOEXEC, 0o644)
+		return syscall.Openat(dirFd, ".", oTmpfile|syscall.O_WRONLY|syscall.O_CLOEXEC, perm)
 	})
 	if err != nil {
 		switch err {
@@ -127,13 +127,13 @@ func (w *Way) Store(how int) { w.how.Store(int32(how)) }
 // Write is the package's Write with the way learnt so far, which it
 // updates. It fails with ErrUnsupported when the way is None (nothing is
 // tried) or turns out to be.
-func (w *Way) Write(dirFd int, name string, data []byte) error {
+func (w *Way) Write(dirFd int, name string, data []byte, perm uint32) error {
 	known := w.Load()
 	how := max(known, EmptyPath)
 	if how == None {
 		return ErrUnsupported
 	}
-	got, err := Write(dirFd, name, data, how)
+	got, err := Write(dirFd, name, data, perm, how)
 	if got != known {
 		w.Store(got)
 	}

@@ -26,7 +26,7 @@ func TestWrite(t *testing.T) {
 		return out
 	}
 
-	way, err := Write(dirFd, "a.txt", []byte("alpha"), EmptyPath)
+	way, err := Write(dirFd, "a.txt", []byte("alpha"), 0o644, EmptyPath)
 	require.NoError(t, err)
 	assert.Contains(t, []int{EmptyPath, Proc}, way, "linked in one of the two ways here")
 	got, err := os.ReadFile(filepath.Join(dir, "a.txt"))
@@ -41,7 +41,7 @@ func TestWrite(t *testing.T) {
 
 	// A name that exists: EEXIST, the way kept, the file untouched,
 	// nothing else left in the directory.
-	w, err := Write(dirFd, "a.txt", []byte("other"), way)
+	w, err := Write(dirFd, "a.txt", []byte("other"), 0o644, way)
 	assert.ErrorIs(t, err, syscall.EEXIST)
 	assert.Equal(t, way, w)
 	got, err = os.ReadFile(filepath.Join(dir, "a.txt"))
@@ -50,7 +50,7 @@ func TestWrite(t *testing.T) {
 	assert.ElementsMatch(t, []string{"a.txt", "probe"}, names())
 
 	// Through /proc.
-	w, err = Write(dirFd, "b.txt", []byte("beta"), Proc)
+	w, err = Write(dirFd, "b.txt", []byte("beta"), 0o644, Proc)
 	require.NoError(t, err)
 	assert.Equal(t, Proc, w)
 	got, err = os.ReadFile(filepath.Join(dir, "b.txt"))
@@ -58,7 +58,7 @@ func TestWrite(t *testing.T) {
 	assert.Equal(t, "beta", string(got))
 
 	// An empty file, and a directory that is not one.
-	_, err = Write(dirFd, "empty", nil, way)
+	_, err = Write(dirFd, "empty", nil, 0o644, way)
 	require.NoError(t, err)
 	fi, err := os.Stat(filepath.Join(dir, "empty"))
 	require.NoError(t, err)
@@ -66,7 +66,7 @@ func TestWrite(t *testing.T) {
 	f, err := os.Open(filepath.Join(dir, "probe"))
 	require.NoError(t, err)
 	defer f.Close()
-	w, err = Write(int(f.Fd()), "c.txt", []byte("gamma"), way)
+	w, err = Write(int(f.Fd()), "c.txt", []byte("gamma"), 0o644, way)
 	assert.ErrorIs(t, err, syscall.ENOTDIR)
 	assert.Equal(t, way, w, "a failure of this file's keeps the way")
 	assert.ElementsMatch(t, []string{"a.txt", "b.txt", "empty", "probe"}, names())
@@ -81,13 +81,13 @@ func TestWay(t *testing.T) {
 	defer d.Close()
 	var w Way
 	require.Zero(t, w.Load())
-	require.NoError(t, w.Write(int(d.Fd()), "a", []byte("a")))
+	require.NoError(t, w.Write(int(d.Fd()), "a", []byte("a"), 0o644))
 	learnt := w.Load()
 	assert.Contains(t, []int{EmptyPath, Proc}, learnt)
-	assert.ErrorIs(t, w.Write(int(d.Fd()), "a", []byte("b")), syscall.EEXIST)
+	assert.ErrorIs(t, w.Write(int(d.Fd()), "a", []byte("b"), 0o644), syscall.EEXIST)
 	assert.Equal(t, learnt, w.Load(), "a failure of this file's keeps the way")
 	w.Store(None)
-	assert.ErrorIs(t, w.Write(int(d.Fd()), "b", []byte("b")), ErrUnsupported)
+	assert.ErrorIs(t, w.Write(int(d.Fd()), "b", []byte("b"), 0o644), ErrUnsupported)
 	assert.NoFileExists(t, filepath.Join(dir, "b"))
 
 	// A file system without O_TMPFILE (proc): learnt as None, and said so.
@@ -95,6 +95,6 @@ func TestWay(t *testing.T) {
 	require.NoError(t, err)
 	defer proc.Close()
 	var fresh Way
-	assert.ErrorIs(t, fresh.Write(int(proc.Fd()), "x", nil), ErrUnsupported)
+	assert.ErrorIs(t, fresh.Write(int(proc.Fd()), "x", nil, 0o644), ErrUnsupported)
 	assert.Equal(t, None, fresh.Load())
 }

@@ -1,0 +1,310 @@
+package runstate
+
+import (
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// Where runstate's writes may land, and with which permission bits.
+//
+// runstate's own files are at fixed names (ownEntries). Open and Repair
+// refuse a run where one of them is a symbolic link (or a FIFO, a device),
+// naming it, so that a write or a truncation never lands outside the run
+// or on another file (guardOwnFiles). An output's path may not name one of
+// them, in any spelling a file system takes for the same name (ownPath),
+// and a symbolic link on its way is followed and the path checked again
+// (checkLanding). The threat is a mistake or a planted link in the run
+// directory, not a hostile process that writes there while runstate runs:
+// a link made between the check and the write is not caught.
+
+// ownEntries are runstate's own files and directories at fixed names.
+// The others are made with O_EXCL (temp files), named after a new session
+// (session locks, handoff files) or by the time (torn tails, backups), so
+// no link can wait for them.
+var ownEntries = []string{"logs", sessionsDir, tmpDir, handoffDir,
+	ledgerFile, walFile, lockFile, nextStepsFile, manifestFile}
+
+// guardOwnFiles checks runstate's own files in dir before anything opens
+// them: none may be a symbolic link, and none that is a
+// file may be a FIFO, a device or a socket (opening one blocks, or writes
+// elsewhere). It returns the mode the run's files get: the ledger's
+// group and other bits, so that a run made private with chmod stays so
+// (0o777, no change, for a new run and on Windows). Files of runstate's
+// that are more open than the ledger are brought to its bits, and said
+// so in log (which may be nil).
+func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
+	mode := fs.FileMode(0o777)
+	for _, rel := range ownEntries {
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		fi, err := os.Lstat(p)
+		if isNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("runstate: cannot use %s: %w", p, err)
+		}
+		t := fi.Mode().Type()
+		switch {
+		case t&fs.ModeSymlink != 0:
+			to, _ := os.Readlink(p)
+			return 0, fmt.Errorf("%w: %s is a symbolic link (to %q): runstate opens its own files only where they are, so that no write or repair lands outside the run or on another file; replace the link with what it points to (or move the run there), then run again",
+				ErrInvalid, p, to)
+		case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
+			return 0, fmt.Errorf("%w: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))
+		}
+		if rel == ledgerFile && t.IsRegular() && runtime.GOOS != "windows" {
+			mode = 0o700 | fi.Mode().Perm()&0o077
+		}
+	}
+	if mode != 0o777 {
+		tighten(dir, mode, log)
+	}
+	return mode, nil
+}
+
+// tighten brings runstate's files in dir (the projections, the journal,
+// the handoff files, torn tails and backups of the ledger) down to mode
+// where they have more bits: a ledger made private keeps its copies
+// private. A file it cannot change stays as it was.
+func tighten(dir string, mode fs.FileMode, log *slog.Logger) {
+	var paths []string
+	for _, d := range []string{"logs", handoffDir} {
+		ents, _ := os.ReadDir(filepath.Join(dir, filepath.FromSlash(d)))
+		for _, e := range ents {
+			if e.Type().IsRegular() {
+				paths = append(paths, filepath.Join(dir, filepath.FromSlash(d), e.Name()))
+			}
+		}
+	}
+	paths = append(paths, filepath.Join(dir, manifestFile))
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^mode == 0 {
+			continue
+		}
+		if err := os.Chmod(p, fi.Mode().Perm()&mode); err == nil && log != nil {
+			log.Info("runstate: made a file as private as the ledger", "file", p, "mode", fi.Mode().Perm()&mode)
+		}
+	}
+}
+
+// kindOf names what a file that is not a regular one is.
+func kindOf(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case t&fs.ModeCharDevice != 0, t&fs.ModeDevice != 0:
+		return "a device"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	case t&fs.ModeDir != 0:
+		return "a directory"
+	case t&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "not a regular file"
+}
+
+// guard checks the run's own files before Open uses them (guardOwnFiles)
+// and makes every file the Run creates through its file system get the
+// ledger's permission bits.
+func (r *Run) guard() error {
+	mode, err := guardOwnFiles(r.dir, r.log)
+	if err != nil {
+		return err
+	}
+	r.fs = withMode(r.fs, mode)
+	return nil
+}
+
+// modeFS is a fileSystem whose new files get at most mode's bits.
+type modeFS struct {
+	fileSystem
+	mode fs.FileMode
+}
+
+func (m modeFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
+	if flag&os.O_CREATE != 0 {
+		perm &= m.mode
+	}
+	return m.fileSystem.OpenFile(name, flag, perm)
+}
+
+// modeLinkFS is a modeFS of a file system that makes hard links.
+type modeLinkFS struct {
+	modeFS
+	l linker
+}
+
+func (m modeLinkFS) Link(oldname, newname string) error { return m.l.Link(oldname, newname) }
+
+// withMode returns fsys with new files limited to mode (fsys itself for
+// 0o777).
+func withMode(fsys fileSystem, mode fs.FileMode) fileSystem {
+	if mode == 0o777 {
+		return fsys
+	}
+	m := modeFS{fsys, mode}
+	if l, ok := fsys.(linker); ok {
+		return modeLinkFS{m, l}
+	}
+	return m
+}
+
+// outputPerm is the mode a new output gets: 0o644 (less the umask), less
+// what the run's files may not have.
+func outputPerm(fsys fileSystem) fs.FileMode {
+	switch m := fsys.(type) {
+	case modeFS:
+		return 0o644 & m.mode
+	case modeLinkFS:
+		return 0o644 & m.mode
+	}
+	return 0o644
+}
+
+// ownPath reports whether rel (clean, slash-separated, relative to the run
+// directory) names runstate's own files, logs/ or anything in it or
+// manifest.json, as any file system runstate may run on reads the name:
+// without case (macOS, Windows: LOGS/ledger.jsonl, Manifest.JSON), without
+// trailing dots and spaces, an NTFS stream (manifest.json::$DATA) or the
+// short name (MANIFE~1.JSO) (Windows).
+func ownPath(rel string) bool {
+	first, _, nested := strings.Cut(rel, "/")
+	first = windowsName(first)
+	if strings.EqualFold(first, "logs") {
+		return true
+	}
+	if nested {
+		return false
+	}
+	up := strings.ToUpper(first)
+	return up == "MANIFEST.JSON" || strings.HasPrefix(up, "MANIFE~") && strings.HasSuffix(up, ".JSO")
+}
+
+// windowsName is the name Windows opens for the path component c: without
+// an NTFS stream suffix and trailing dots and spaces.
+func windowsName(c string) string {
+	if i := strings.IndexByte(c, ':'); i >= 0 {
+		c = c[:i]
+	}
+	return strings.TrimRight(c, ". ")
+}
+
+// reservedName returns the first component of rel that Windows takes for
+// a device (NUL, CON, COM1, LPT1.txt...), or "". Such an output could not
+// be written or read back on Windows, where it is a device, not a file, so
+// it is refused everywhere: a run directory works on every system.
+func reservedName(rel string) string {
+	for c := range strings.SplitSeq(rel, "/") {
+		base, _, _ := strings.Cut(windowsName(c), ".")
+		up := strings.ToUpper(strings.TrimRight(base, " "))
+		switch up {
+		case "CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$":
+			return c
+		}
+		if len(up) > 3 && (up[:3] == "COM" || up[:3] == "LPT") {
+			switch up[3:] {
+			case "1", "2", "3", "4", "5", "6", "7", "8", "9", "\u00b9", "\u00b2", "\u00b3":
+				return c
+			}
+		}
+	}
+	return ""
+}
+
+// checkLanding refuses an output rel whose path, once the symbolic links
+// on its way are followed, names runstate's own files (ownPath) or leads
+// out of the run: os.Root keeps a link inside the run directory, but one
+// to logs/ (or to the run directory itself, then manifest.json) is inside
+// too. With final, rel's last component is followed as well (an output
+// that Output declares is read through it); without, it is not (WriteFile
+// replaces it). Where no directory on the way is a link, it costs one
+// lstat per directory level.
+func (r *Run) checkLanding(rel string, final bool) error {
+	return r.landing(rel, rel, final, 0)
+}
+
+func (r *Run) landing(orig, rel string, final bool, depth int) error {
+	p := rel
+	if !final {
+		p = path.Dir(rel)
+	}
+	if p == "." {
+		return nil
+	}
+	// The first component that is a link, if any.
+	var link string
+	for i := 0; ; {
+		j := strings.IndexByte(p[i:], '/')
+		prefix := p
+		if j >= 0 {
+			prefix = p[:i+j]
+		}
+		fi, err := os.Lstat(r.path(prefix))
+		if err != nil {
+			return nil // missing: what follows is made as real directories
+		}
+		if fi.Mode()&(fs.ModeSymlink|fs.ModeIrregular) != 0 {
+			link = prefix
+			break
+		}
+		if j < 0 {
+			return nil
+		}
+		i += j + 1
+	}
+	if depth > 40 {
+		return fmt.Errorf("%w: output %s: too many symbolic links on the way", ErrInvalid, orig)
+	}
+	top, err := filepath.EvalSymlinks(r.dir)
+	if err != nil {
+		return fmt.Errorf("runstate: output %s: %w", orig, err)
+	}
+	to, err := filepath.EvalSymlinks(r.path(link))
+	if err != nil {
+		return fmt.Errorf("%w: output %s: %s is a symbolic link that cannot be followed (%v): outputs must stay inside the run directory %s", ErrInvalid, orig, link, err, r.dir)
+	}
+	in, err := filepath.Rel(top, to)
+	if err != nil || !filepath.IsLocal(in) && in != "." {
+		return fmt.Errorf("%w: output %s leads out of the run directory %s through the symbolic link %s", ErrInvalid, orig, r.dir, link)
+	}
+	now := path.Join(filepath.ToSlash(in), strings.TrimPrefix(rel, link))
+	if ownPath(now) {
+		return fmt.Errorf("%w: output %s is %s through the symbolic link %s, one of runstate's own files: write it elsewhere, or replace the link", ErrInvalid, orig, now, link)
+	}
+	return r.landing(orig, now, final, depth+1)
+}
+
+// openRegular opens a file to hash it (an input, an output) with open,
+// without blocking on a FIFO, and refuses one that is not a regular file
+// (a FIFO, a device such as /dev/zero, a directory) with a *notRegular:
+// hashing it would block or never end.
+func openRegular(open func(flag int) (*os.File, error)) (*os.File, error) {
+	f, err := open(os.O_RDONLY | oNonblock)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = &notRegular{fi.Mode()}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// notRegular says that a file to hash is not a regular file. It wraps
+// ErrInvalid.
+type notRegular struct{ mode fs.FileMode }
+
+func (e *notRegular) Error() string { return kindOf(e.mode) + ", not a regular file" }
+func (e *notRegular) Unwrap() error { return ErrInvalid }

@@ -1,0 +1,6 @@
+//go:build !unix
+
+package runstate
+
+// oNonblock: opening a file does not block here (openRegular).
+const oNonblock = 0

@@ -1,0 +1,166 @@
+//go:build unix
+
+package runstate_test
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runstate/runstate"
+)
+
+// within runs fn and fails the test when it has not returned after a
+// while, so that a call that blocks for ever fails instead of hanging the
+// suite. unblock, when not nil, is called then to let fn end.
+func within(t *testing.T, what string, unblock func(), fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		if unblock != nil {
+			unblock()
+		}
+		t.Fatalf("%s has not returned after 20 s: it blocks", what)
+		return nil
+	}
+}
+
+// openWriter opens the FIFO p for writing without blocking, which lets a
+// reader blocked in open(2) go on.
+func openWriter(p string) func() {
+	return func() {
+		if fd, err := syscall.Open(p, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			syscall.Close(fd)
+		}
+	}
+}
+
+// TestFileInputMustBeRegular: a File input that is a FIFO or a device is
+// refused at Begin with an error saying what it is, instead of blocking
+// (a FIFO without a writer) or reading for ever (/dev/zero).
+func TestFileInputMustBeRegular(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	fifo := filepath.Join(t.TempDir(), "input.fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	before := readLedgerBytes(t, dir)
+	for _, c := range []struct{ path, kind string }{
+		{fifo, "a named pipe (FIFO)"},
+		{"/dev/zero", "a device"},
+	} {
+		var unblock func()
+		if c.path == fifo {
+			unblock = openWriter(fifo)
+		}
+		err := within(t, "Begin with File("+c.path+")", unblock, func() error {
+			_, err := r.Begin(ctx, "s", runstate.File(c.path))
+			return err
+		})
+		require.Error(t, err, c.path)
+		assert.ErrorIs(t, err, runstate.ErrInvalid, c.path)
+		assert.Contains(t, err.Error(), c.path)
+		assert.Contains(t, err.Error(), c.kind+", not a regular file")
+	}
+	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
+}
+
+// TestOutputMustBeRegular: an output that is (or became) a FIFO is
+// refused by Complete and reported by Verify, never read until a writer
+// comes.
+func TestOutputMustBeRegular(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	fifo := filepath.Join(dir, "artifacts", "out.fifo")
+	require.NoError(t, os.MkdirAll(filepath.Dir(fifo), 0o755))
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	st, err := r.Begin(ctx, "s")
+	require.NoError(t, err)
+	require.NoError(t, st.Output("artifacts/out.fifo"))
+	err = within(t, "Complete with a FIFO output", openWriter(fifo), st.Complete)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "artifacts/out.fifo")
+	assert.Contains(t, err.Error(), "not a regular file")
+	require.NoError(t, st.Fail(err))
+
+	// A recorded output replaced by a FIFO.
+	require.NoError(t, r.Do(ctx, "t", writeStage("artifacts/t.txt", "t")))
+	require.NoError(t, r.Close())
+	p := filepath.Join(dir, "artifacts", "t.txt")
+	require.NoError(t, os.Remove(p))
+	require.NoError(t, syscall.Mkfifo(p, 0o644))
+	var rep *runstate.Report
+	require.NoError(t, within(t, "Verify", openWriter(p), func() (err error) {
+		rep, err = runstate.Verify(dir)
+		return err
+	}))
+	require.Len(t, rep.Problems, 1)
+	assert.Contains(t, rep.Problems[0].What, "not a regular file")
+}
+
+// TestPrivateRunStaysPrivate: once the ledger and the manifest are made
+// private (chmod 600), every file runstate creates or rewrites afterwards
+// (the manifest, next-steps.txt and its handoff files, the journal, a torn
+// tail moved aside, temp files, outputs, repair's backup and projections)
+// is readable by its owner only.
+func TestPrivateRunStaysPrivate(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: testRequest} // with fsync: the journal too
+	r, err := runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	for _, p := range []string{ledgerPath(dir), filepath.Join(dir, "manifest.json")} {
+		require.NoError(t, os.Chmod(p, 0o600))
+	}
+	// A torn tail for the next Open to move aside.
+	f, err := os.OpenFile(ledgerPath(dir), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99,"at":"20`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	r, err = runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "b", writeStage("artifacts/b/out.txt", "b")))
+	require.NoError(t, r.Do(ctx, "c", writeStage("c.txt", "c")))
+	require.NoError(t, r.Do(ctx, "c", writeStage("c.txt", "c"), runstate.Value("v", 2))) // replaced
+	require.NoError(t, r.Close())
+	_, err = runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: 5, Force: true})
+	require.NoError(t, err)
+	torn, _ := filepath.Glob(ledgerPath(dir) + ".torn-*")
+	backup, _ := filepath.Glob(ledgerPath(dir) + ".bak-*")
+	require.Len(t, torn, 1, "a torn tail was moved aside")
+	require.Len(t, backup, 1, "repair backed the ledger up")
+
+	var files []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		files = append(files, rel)
+		assert.Zero(t, fi.Mode().Perm()&0o077, "%s is %s: readable by others in a private run", rel, fi.Mode())
+		return nil
+	}))
+	all := strings.Join(files, " ")
+	for _, want := range []string{"manifest.json", "next-steps.txt", "ledger.wal", "c.txt", "out.txt"} {
+		assert.Contains(t, all, want)
+	}
+}
