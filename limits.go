@@ -75,6 +75,41 @@ func checkSize(what string, n int) error {
 	return nil
 }
 
+// checkInputSet refuses a stage's inputs whose names and fingerprints
+// would not fit maxValue in its begin and complete records.
+func checkInputSet(inputs []Input) error {
+	const fp = len(`"":"sha256:",`) + 64 // a fingerprint and the JSON around a name
+	n, names := 2, 0
+	for _, in := range inputs {
+		n += fp
+		names += len(in.name)
+	}
+	if n+6*names <= maxValue { // no name escapes to more than 6 bytes a byte
+		return nil
+	}
+	list := make([]string, 0, len(inputs))
+	for _, in := range inputs {
+		list = append(list, in.name)
+	}
+	data, _ := json.Marshal(list)
+	return checkSize(fmt.Sprintf("the input set of %d inputs", len(inputs)), n+len(data))
+}
+
+// checkIdentity refuses a run identity (Options.Request, Revision and
+// Environment), recorded in the create record and each open record,
+// larger than maxValue.
+func checkIdentity(o *Options) error {
+	n := len(o.Request) + len(o.Revision)
+	for k, v := range o.Environment {
+		n += len(k) + len(v)
+	}
+	if 6*n+256 <= maxValue {
+		return nil
+	}
+	data, _ := json.Marshal(runIdentity{Request: o.Request, Revision: o.Revision, Environment: o.Environment})
+	return checkSize("the run identity (Options.Request, Revision and Environment)", len(data))
+}
+
 // The per-line checksum: each line the writer appends ends with
 // ,"crc":"<8 hex digits>"} where the digits are the CRC-32C of the
 // line's bytes before that field (see the package documentation).

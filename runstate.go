@@ -167,8 +167,10 @@ type Run struct {
 // run and the others resume it, each as its own session.
 //
 // Open fails with ErrMismatch when the run serves another Request, with a
-// *CorruptError when the ledger is damaged before its last line (nothing
-// is written then), and with ErrVersion for an unknown format. Records
+// *CorruptError when the ledger is damaged anywhere but in a torn last line
+// (one without its '\n'; nothing is written then), with ErrVersion for an
+// unknown format, and with ErrInvalid when Request, Revision and
+// Environment encode to more than 4 MiB. Records
 // that a machine crash left only in logs/ledger.wal are copied into the
 // ledger first (and fdatasync'd there), with a warning in the log. A torn
 // last line, left by a writer that died mid-append, is moved aside to
@@ -184,6 +186,9 @@ func Open(dir string, opts *Options) (*Run, error) {
 	}
 	if o.ManifestInterval == 0 {
 		o.ManifestInterval = time.Second
+	}
+	if err := checkIdentity(&o); err != nil {
+		return nil, err
 	}
 	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger}
 	if r.fs == nil {

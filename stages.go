@@ -92,7 +92,8 @@ func checkName(name string) error {
 // Plan records the work that exists, in order: the stages next-steps.txt
 // and Status count as done and remaining. Planning the same stages again
 // writes nothing; a different list is recorded (durably) and replaces it.
-// Stages may be begun without being planned. Safe for concurrent use.
+// Stages may be begun without being planned. A plan whose JSON exceeds
+// 4 MiB is ErrInvalid, and nothing is recorded. Safe for concurrent use.
 func (r *Run) Plan(ctx context.Context, stages ...string) error {
 	seen := map[string]bool{}
 	for _, n := range stages {
@@ -104,6 +105,10 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 		}
 		seen[n] = true
 	}
+	data, _ := json.Marshal(stages)
+	if err := checkSize(fmt.Sprintf("a plan of %d stages", len(stages)), len(data)); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -111,7 +116,6 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 		if slices.Equal(s.plan, stages) {
 			return nil, nil
 		}
-		data, _ := json.Marshal(stages)
 		return []*Record{{Ev: evPlan, Data: data}}, nil
 	})
 	return err
@@ -126,6 +130,9 @@ type evidence struct {
 }
 
 func (r *Run) gather(inputs []Input) (*evidence, error) {
+	if err := checkInputSet(inputs); err != nil {
+		return nil, err
+	}
 	ev := &evidence{list: inputs, inputs: map[string]string{}}
 	for _, in := range inputs {
 		if in.err != nil {
@@ -278,8 +285,9 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 // Begin fails with ErrBusy when a live session runs the stage, with
 // ErrNeedsPerson when it awaits a person, with ErrFatal after a fatal
 // failure, with ErrNotReady when an After stage is not done, and with
-// ErrTransition when the run's Flow forbids it. A stage begun by a session
-// that died is recorded as interrupted and begun again.
+// ErrTransition when the run's Flow forbids it, and with ErrInvalid when
+// the inputs' names and fingerprints encode to more than 4 MiB. A stage
+// begun by a session that died is recorded as interrupted and begun again.
 //
 // The begin record is written but not fsync'd: until Complete, Fail or
 // Await, nothing is acknowledged. It does not wait for another goroutine's
@@ -645,7 +653,8 @@ func (st *Stage) Complete() error {
 // Fail ends the attempt as failed and records err with its class:
 // Retryable (the default for an unclassified error), NeedsPerson or Fatal.
 // After Options.MaxAttempts retryable failures the stage awaits a person.
-// When Fail returns nil the record is durable. Fail returns nil for a nil
+// An error text longer than 64 KiB is recorded cut, with a marker (see the
+// package documentation). When Fail returns nil the record is durable. Fail returns nil for a nil
 // err without ending the attempt. Safe for concurrent use.
 func (st *Stage) Fail(err error) error {
 	if err == nil {
