@@ -69,8 +69,10 @@
 //	         with ,"crc":"xxxxxxxx"}. A flipped bit in the last line, which
 //	         no later prev covers, fails it. Lines written before runstate
 //	         added it have none and still read; a line after one that has
-//	         it must have it too. (Readers that ignore unknown fields, as
-//	         this format always asked, read it unchanged: still format 1.)
+//	         it must have it too, so a runstate release from before the
+//	         field must not append to a ledger a later one wrote. (Readers
+//	         that ignore unknown fields, as this format always asked, read
+//	         it unchanged: still format 1.)
 //
 // What a record may hold, so that every record acknowledged reads back
 // (the reader refuses a line longer than 16 MiB, or JSON nested deeper

@@ -201,7 +201,7 @@ func Verify(dir string) (*Report, error) {
 	if torn >= 0 {
 		fi, _ := f.Stat()
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(st.pos.seq + 1), Offset: torn,
-			What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", fi.Size()-torn),
+			What: fmt.Sprintf("torn last line (%d bytes without a newline): a writer died mid-append; it was never acknowledged", fi.Size()-torn),
 			Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"})
 	}
 	wp := filepath.Join(dir, filepath.FromSlash(walFile))
