@@ -222,7 +222,7 @@ func BenchmarkOpenSmall(b *testing.B) {
 // of it adds an open and a close record.
 func cachedRun(b *testing.B, n int) string {
 	b.Helper()
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("runstate-bench-f%d-g2-n%d", runstate.FormatVersion, n))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("runstate-bench-f%d-g3-n%d", runstate.FormatVersion, n))
 	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err == nil {
 		return dir
 	}

@@ -2,6 +2,8 @@ package runstate
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -221,4 +223,51 @@ func TestHandoffFlushInABatchOfBegins(t *testing.T) {
 	seq, text := readHandoff(t, dir)
 	assert.Equal(t, recs[len(recs)-1].Seq, seq, "the flush published the handoff, with the begin beside it")
 	assert.NotContains(t, text, "(not started)")
+}
+
+// The leader fails only the transaction whose record it cannot encode, or
+// whose line the reader would refuse (longer than maxLine): the others of
+// the batch commit, the state holds only what was written, and later calls
+// work. (A bad value used to panic in the leader and wedge the Run.)
+func TestLeaderFailsOnlyTheTransactionItCannotEncode(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Open(dir, &Options{Request: "leader", NoSync: true})
+	require.NoError(t, err)
+	mk := func(recs ...*Record) *tx {
+		return &tx{sync: true, done: make(chan struct{}), fn: func(*state) ([]*Record, error) { return recs, nil }}
+	}
+	good1 := mk(&Record{Ev: evSkip, Stage: "a", Reason: "first"})
+	notJSON := mk(&Record{Ev: evSkip, Stage: "b"}, &Record{Ev: evConfirm, Key: "k", Data: json.RawMessage("OK")})
+	tooLong := mk(&Record{Ev: evConfirm, Key: "k2", Data: json.RawMessage(`"` + strings.Repeat("x", maxLine) + `"`)})
+	good2 := mk(&Record{Ev: evSkip, Stage: "c", Reason: "last"})
+	seq := r.st.pos.seq
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.runBatch([]*tx{good1, notJSON, tooLong, good2})
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the batch hangs")
+	}
+	assert.NoError(t, good1.err)
+	assert.NoError(t, good2.err)
+	require.ErrorIs(t, notJSON.err, ErrInvalid)
+	assert.Contains(t, notJSON.err.Error(), `effect "k"`)
+	require.ErrorIs(t, tooLong.err, ErrInvalid)
+	assert.Contains(t, tooLong.err.Error(), fmt.Sprint(maxLine))
+	assert.Equal(t, seq+2, r.st.pos.seq, "two records written")
+	assert.Nil(t, r.st.stages["b"], "nothing of a failed transaction is applied")
+	assert.Nil(t, r.st.effects["k"])
+
+	require.NoError(t, r.Plan(context.Background(), "a", "b", "c"))
+	require.NoError(t, r.Close())
+	rep, err := Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+	st, err := Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Done, "a and c skipped, b not")
 }

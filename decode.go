@@ -12,17 +12,21 @@ import (
 // decoding, and encoding/json's reflection made a full replay several
 // times slower than the budget of a million records a second. decodeFast
 // reads the lines this package writes, in any field order, and gives up
-// (ok == false) on anything else: an unknown or repeated field, an escape
-// in a string, null, a number that is not a plain integer, a time not in
-// the writer's format. The caller then decodes the line with
-// encoding/json, so what is accepted, rejected or ignored is exactly what
-// encoding/json decides; FuzzDecodeFast checks that both agree.
+// (ok == false) on anything else: an unknown or repeated field (or input
+// name), an escape in a string, null, a number that is not a plain
+// integer, a time not in the writer's format. The caller (parse) then
+// decodes the line with encoding/json and applies the exact-key rules
+// encoding/json does not (checkLine), so what is accepted, rejected or
+// ignored is what encoding/json decides, less the lines with a key given
+// twice or given in another case; FuzzDecodeFast checks that both agree.
+// Neither checks the crc field's value: parse does (checkCRC).
 
 // decoder keeps strings that repeat from line to line (session ids, stage
 // names, events, paths), so that a replay does not allocate each again.
 type decoder struct {
 	strs    map[string]string
 	session string // the last session: most lines name that of the line before
+	crc     bool   // the line decoded last has a crc field (see parse)
 }
 
 // maxInterned bounds the decoder's string table.
@@ -61,6 +65,7 @@ const (
 	fBy
 	fData
 	fPrev
+	fCRC
 )
 
 // decodeFast decodes line (without '\n') into r. prev is the chain hash
@@ -160,6 +165,12 @@ func (d *decoder) decodeFast(line []byte, prev string, r *Record) (ok bool) {
 			default:
 				r.Prev = string(b)
 			}
+		case "crc":
+			bit = fCRC
+			var b []byte
+			b, ok = p.str() // parse checks it
+			ok = ok && len(b) == 8
+			d.crc = true
 		default:
 			return false
 		}
@@ -232,7 +243,10 @@ func (d *decoder) inputs(p *parser) (map[string]string, bool) {
 		if !ok {
 			return nil, false
 		}
-		m[d.intern(k)] = string(v) // a repeated name: the last wins, as in encoding/json
+		n := len(m)
+		if m[d.intern(k)] = string(v); len(m) == n {
+			return nil, false // a repeated name: parse refuses it
+		}
 		p.ws()
 		if p.byte('}') {
 			return m, true
@@ -609,7 +623,7 @@ func (p *parser) raw() (json.RawMessage, bool) {
 
 func (p *parser) rawEnd(start int) (json.RawMessage, bool) {
 	v := p.b[start:p.i]
-	if len(v) == 0 || !json.Valid(v) {
+	if len(v) == 0 || checkJSON(v, jsonDepth-1) != nil { // the line is one level more
 		return nil, false
 	}
 	return append(json.RawMessage(nil), v...), true

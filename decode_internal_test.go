@@ -79,6 +79,19 @@ var decodeSeeds = []string{
 	`null`,
 	``,
 	`{"seq":1,"ev":"x","prev":"\u0041"}`,
+	`{"seq":3,"at":"2026-12-01T11:58:05.637864906Z","ev":"plan","session":"s","data":["a","b"],"prev":"a1fd","crc":"beed9899"}`,
+	`{"seq":3,"ev":"plan","prev":"a1fd","crc":"beed9899","x":1}`,
+	`{"seq":3,"ev":"plan","prev":"a1fd","crc":"beed989"}`,
+	`{"seq":3,"ev":"plan","prev":"a1fd","crc":12345678}`,
+	`{"seq":3,"ev":"plan","prev":"a1fd","crc":"beed9899","crc":"beed9899"}`,
+	`{"seq":3,"ev":"plan","CRC":"beed9899","prev":"a1fd"}`,
+	`{"seq":3,"ev":"fail","EV":"complete","prev":"a1fd"}`,
+	`{"seq":3,"ev":"fail","\u0065v":"complete","prev":"a1fd"}`,
+	"{\"seq\":3,\"ev\":\"intent\",\"\u212aey\":\"k\",\"prev\":\"\"}",
+	`{"seq":3,"ev":"x","outputs":[{"path":"a","PATH":"b","sha256":"","size":0}],"prev":""}`,
+	`{"seq":3,"ev":"x","data":{"a":1,"a":2},"prev":""}`,
+	`{"seq":3,"ev":"x","data":{"a":1,"A":2},"prev":""}`,
+	`{"seq":3,"ev":"x","data":[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]],"prev":""}`,
 }
 
 // FuzzDecodeFast checks the fast path against encoding/json: whenever it
@@ -113,6 +126,18 @@ func FuzzDecodeFast(f *testing.F) {
 		if perr == nil {
 			require.NotNil(t, slow, "parse read %q, encoding/json rejects it", line)
 			assert.Equal(t, *slow, got)
+			// The line means one thing: what a reader that matches keys
+			// exactly (jq) finds is what parse read.
+			var exact map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal(line, &exact))
+			for k, v := range map[string]string{"ev": got.Ev, "stage": got.Stage, "key": got.Key, "prev": got.Prev, "error": got.Error, "session": got.Session} {
+				var s string
+				if raw, ok := exact[k]; ok && json.Unmarshal(raw, &s) == nil {
+					assert.Equal(t, s, v, "%s in %q", k, line)
+				} else {
+					assert.Empty(t, v, "%s in %q: no such key, or not a string", k, line)
+				}
+			}
 		}
 	})
 }

@@ -123,11 +123,14 @@
 // already have dropped the data. A failed write (a full disk) returns a
 // *WriteError and acknowledges nothing.
 //
-// A half-written last line was never acknowledged: readers ignore it, and
-// the next writer moves it aside (logs/ledger.jsonl.torn-<time>) and cuts
-// it off. A bad line anywhere else, a gap in seq or a broken prev chain is
-// corruption: Open fails with a *CorruptError naming the file, line and
-// byte offset, and writes nothing. An unknown format version is ErrVersion.
+// A half-written last line (one without its '\n') was never acknowledged:
+// readers ignore it, and the next writer moves it aside
+// (logs/ledger.jsonl.torn-<time>) and cuts it off. Any other bad line, the
+// last one too (a torn append cannot end in '\n'), a crc that does not
+// match, a gap in seq or a broken prev chain is corruption: Open fails with
+// a *CorruptError naming the file, line and byte offset, and writes
+// nothing. An unknown format version is ErrVersion.
+//
 // runstate opens its own files (logs/, its files and directories, and
 // manifest.json) only where they are: Open and Repair refuse a run in which
 // one of them is a symbolic link, naming it (ErrInvalid). An output may not
@@ -197,8 +200,11 @@
 //	artifacts/...                  outputs, wherever the stages write them
 //
 // logs/ledger.jsonl holds one JSON object a line, each ended by '\n', in
-// UTF-8. Writers put "seq", "at" and "ev" first and "prev" last; readers
-// accept fields in any order and ignore unknown ones. The fields:
+// UTF-8. Writers put "seq", "at" and "ev" first and "prev", then "crc",
+// last; readers accept fields in any order and ignore unknown ones, but
+// match keys exactly: a key given twice in an object, or one that differs
+// from a known field only by case ("EV", which encoding/json would read as
+// ev and jq would not), is corruption. The fields:
 //
 //	seq      1, 2, 3 … with no gaps: the total order of events
 //	at       RFC 3339 UTC time with nanoseconds
@@ -215,6 +221,28 @@
 //	         the stage list (plan), a request or receipt (effects)
 //	prev     hex SHA-256 of the previous line's bytes without its '\n'; ""
 //	         on seq 1. Any edit, deletion or reordering breaks the chain.
+//	crc      8 lowercase hex digits: the CRC-32C (Castagnoli) of the line's
+//	         bytes before its ,"crc":" — the last field, so the line ends
+//	         with ,"crc":"xxxxxxxx"}. A flipped bit in the last line, which
+//	         no later prev covers, fails it. Lines written before runstate
+//	         added it have none and still read; a line after one that has
+//	         it must have it too, so a runstate release from before the
+//	         field must not append to a ledger a later one wrote. (Readers
+//	         that ignore unknown fields, as this format always asked, read
+//	         it unchanged: still format 1.)
+//
+// What a record may hold, so that every record acknowledged reads back
+// (the reader refuses a line longer than 16 MiB, or JSON nested deeper
+// than 10,000 levels): free text (error, reason, note, by) of at most
+// 64 KiB, longer text being cut to its first bytes followed by
+// "… [cut: N bytes]"; JSON values (a receipt, an effect's request, the
+// plan, a stage's input set, the run's request, revision and environment)
+// of at most 4 MiB, nested at most 200 levels (jq 1.6 stops at 256), with
+// no key twice in an object, and effect keys of at most 4 KiB: a larger
+// value is refused with ErrInvalid before anything is recorded. Write
+// large results to an output file and record its path. The writer never
+// appends a line the reader would refuse: such a record's call fails
+// with ErrInvalid, and nothing else.
 //
 // The events:
 //

@@ -78,7 +78,11 @@ var (
 	ErrLockTimeout = errors.New("runstate: timed out waiting for the ledger lock")
 
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage
-	// name, a path that escapes the run directory, an unknown stage.
+	// name, a path that escapes the run directory, an unknown stage, a
+	// receipt that is not JSON, a value larger than a ledger record may
+	// hold (see the package documentation). Nothing was recorded for
+	// the call that returned it (but see Run.Effect for a receipt Do
+	// returned).
 	ErrInvalid = errors.New("runstate: invalid argument")
 )
 

@@ -158,13 +158,25 @@ func TestRecordedNamesMustBeValidUTF8(t *testing.T) {
 // file, the next line and the byte offset where the good prefix ends.
 // FuzzLedger (fuzz_test.go) drives the same through Open, Inspect and Verify.
 func FuzzReplay(f *testing.F) {
-	for _, name := range []string{"basic.jsonl", "torn.jsonl", "foreign.jsonl", "format2.jsonl"} {
+	for _, name := range []string{"basic.jsonl", "torn.jsonl", "foreign.jsonl", "format2.jsonl", "crc.jsonl"} {
 		data, err := os.ReadFile(filepath.Join("testdata", name))
 		require.NoError(f, err)
 		f.Add(data)
 		if i := bytes.IndexByte(data, '\n'); i > 0 {
 			f.Add(data[:len(data)-i/2])                                                 // torn
 			f.Add(append(append(bytes.Clone(data[:i+1]), "{bad}\n"...), data[i+1:]...)) // bad middle
+			f.Add(append(bytes.Clone(data), "{bad}\n"...))                              // bad last line, whole
+		}
+		if len(data) > 20 { // a flipped bit in the last line
+			flipped := bytes.Clone(data)
+			flipped[len(data)-20] ^= 1
+			f.Add(flipped)
+		}
+		// The last line with a key again, in another case, escaped.
+		for _, k := range []string{`"ev":"x",`, `"EV":"x",`, `"\u0065v":"x",`, `"crc":"00000000",`} {
+			if i := bytes.LastIndex(data[:max(len(data)-1, 0)], []byte("\n{")); i > 0 {
+				f.Add(append(append(bytes.Clone(data[:i+2]), k...), data[i+2:]...))
+			}
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -22,7 +22,10 @@ type Effect struct {
 	// Do performs the effect. key is the full key, "<run-id>:<key>": hand
 	// it to the receiving system as its idempotency key. Do returns the
 	// receipt to record (any JSON, or nil), or ErrPending when the system
-	// accepted the request without confirming it.
+	// accepted the request without confirming it. A receipt that is not
+	// JSON (a plain-text body: quote it as a JSON string), larger than
+	// 4 MiB, nested deeper than 200 levels or with a key twice in an
+	// object cannot be recorded: see Run.Effect.
 	Do func(ctx context.Context, key string) (json.RawMessage, error)
 
 	// Check asks the receiving system whether the effect with this key
@@ -52,7 +55,10 @@ type Resolution struct {
 // receiving system; found → confirmed; not found → Do again with the same
 // key; no Check, or Check failed → the effect is recorded as unconfirmed
 // and Effect returns ErrUnconfirmed: a person must decide, with Resolve. A
-// failed Do is treated the same way (it may have landed).
+// failed Do is treated the same way (it may have landed), and so is a
+// receipt from Do or Check that cannot be recorded (see Effect.Do): the
+// error wraps ErrUnconfirmed and ErrInvalid. A Request that cannot be
+// recorded is ErrInvalid before anything is recorded or sent.
 //
 // Effect is safe for concurrent use by goroutines and processes: one key is
 // attempted by one session at a time; others get ErrBusy meanwhile.
@@ -69,6 +75,9 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 		data, err := json.Marshal(e.Request)
 		if err != nil {
 			return nil, fmt.Errorf("%w: effect %s request: %v", ErrInvalid, key, err)
+		}
+		if err := checkValue("effect "+key+": request", data); err != nil {
+			return nil, err // a json.RawMessage in it may hold a key twice, or nest too deep
 		}
 		payload, phash = data, fingerprint(data)
 	}
@@ -151,6 +160,11 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 		cerr = errors.New("no Check to ask the receiving system")
 	} else {
 		receipt, found, cerr = e.Check(ctx, full)
+		if cerr == nil && found {
+			if err := checkValue("effect "+key+": the receipt Check returned", orNull(receipt)); err != nil {
+				found, cerr = false, err // it happened, and its receipt cannot be recorded: a person decides
+			}
+		}
 	}
 	var outErr error
 	_, err = r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
@@ -161,7 +175,7 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 		switch {
 		case cerr != nil:
 			msg := fmt.Sprintf("outcome unknown: %v", cerr)
-			outErr = fmt.Errorf("%w: effect %s: %s; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, msg, key)
+			outErr = fmt.Errorf("%w: effect %s: outcome unknown: %w; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, cerr, key)
 			if cur.State == EffectUnconfirmed && cur.Error == msg {
 				return nil, nil
 			}
@@ -205,7 +219,13 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		return nil, err
 	}
 	var rec *Record
+	var bad error // a receipt that cannot be recorded
+	if derr == nil {
+		bad = checkValue("effect "+key+": the receipt Do returned", orNull(receipt))
+	}
 	switch {
+	case bad != nil:
+		rec = &Record{Ev: evUnconfirmed, Key: key, Error: "Do succeeded, but its receipt cannot be recorded: " + bad.Error()}
 	case derr == nil:
 		rec = &Record{Ev: evConfirm, Key: key, Data: orNull(receipt)}
 	case errors.Is(derr, ErrPending):
@@ -214,7 +234,10 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		rec = &Record{Ev: evUnconfirmed, Key: key, Error: "Do failed, it may have landed: " + derr.Error()}
 	}
 	if _, err := r.commit(true, func(*state) ([]*Record, error) { return []*Record{rec}, nil }); err != nil {
-		return nil, errors.Join(derr, err)
+		return nil, errors.Join(derr, bad, err)
+	}
+	if bad != nil {
+		return nil, fmt.Errorf("%w: effect %s happened, but %w; return the receipt as JSON (a plain-text body as a JSON string), then resolve it with 'runstate resolve DIR %s -sent RECEIPT -by NAME'", ErrUnconfirmed, key, bad, key)
 	}
 	if derr != nil {
 		return nil, fmt.Errorf("%w: effect %s: %w; call Effect again to ask its Check, or resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, derr, key)
@@ -258,14 +281,22 @@ func orNull(m json.RawMessage) json.RawMessage {
 
 // Resolve records a person's decision on an effect whose outcome is unknown
 // (unconfirmed, in doubt, or an intent whose session died): sent, with its
-// receipt, or not sent, so that the next Effect call sends it. When Resolve
-// returns nil the record is durable. Safe for concurrent use.
+// receipt, or not sent, so that the next Effect call sends it. A Receipt
+// that cannot be recorded (see Effect.Do) is ErrInvalid, and nothing is
+// recorded. By and Note longer than 64 KiB are cut (see the package
+// documentation). When Resolve returns nil the record is durable. Safe
+// for concurrent use.
 func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
 	if res.By == "" {
 		return fmt.Errorf("%w: Resolve needs the name of the person who decided", ErrInvalid)
+	}
+	if res.Sent {
+		if err := checkValue("effect "+key+": the receipt to resolve it with", orNull(res.Receipt)); err != nil {
+			return err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -292,6 +323,9 @@ func (r *Run) Resolve(ctx context.Context, key string, res Resolution) error {
 func checkKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty effect key", ErrInvalid)
+	}
+	if len(key) > maxKey {
+		return fmt.Errorf("%w: effect key %.40q... is %d bytes, more than %d", ErrInvalid, key, len(key), maxKey)
 	}
 	if !utf8.ValidString(key) {
 		// The ledger (JSON) would hold it with U+FFFD in place of the bad

@@ -261,7 +261,7 @@ func Verify(dir string) (*Report, error) {
 // tornProblem is Verify's problem for a torn last line of n bytes at off.
 func tornProblem(lp string, line, off, n int64) Problem {
 	return Problem{File: lp, Line: int(line), Offset: off,
-		What: fmt.Sprintf("torn last line (%d bytes without a newline or not a record): a writer died mid-append; it was never acknowledged", n),
+		What: fmt.Sprintf("torn last line (%d bytes without a newline): a writer died mid-append; it was never acknowledged", n),
 		Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"}
 }
 

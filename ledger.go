@@ -71,11 +71,72 @@ type Output struct {
 	Size   int64  `json:"size"`
 }
 
-// appendRecord encodes r as one ledger line (JSON + '\n') onto buf.
+// appendRecord encodes r as one ledger line (JSON, the crc field, '\n')
+// onto buf. It first cuts r's free text to maxText (cutText), so r is what
+// the reader reads back. A record that cannot be encoded, or whose line
+// the reader would refuse (longer than maxLine), is an error wrapping
+// ErrInvalid, and buf is left as it was.
 func appendRecord(buf *bytes.Buffer, r *Record) error {
+	r.Error, r.Reason, r.Note, r.By = cutText(r.Error), cutText(r.Reason), cutText(r.Note), cutText(r.By)
+	start := buf.Len()
 	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false)
-	return enc.Encode(r) // Encode writes the trailing '\n'
+	if err := enc.Encode(r); err != nil { // Encode writes the trailing '\n'
+		buf.Truncate(start)
+		return fmt.Errorf("%w: cannot encode the %s record%s: %v; nothing was recorded", ErrInvalid, r.Ev, r.about(), err)
+	}
+	if n := buf.Len() - start + crcSuffix - 1; n > maxLine {
+		buf.Truncate(start)
+		return fmt.Errorf("%w: the %s record%s would be a line of %d bytes, more than the %d bytes the reader accepts; nothing was recorded",
+			ErrInvalid, r.Ev, r.about(), n, maxLine)
+	}
+	buf.Truncate(buf.Len() - 2) // "}\n"
+	b := buf.AvailableBuffer()
+	b = appendCRC(b, buf.Bytes()[start:])
+	buf.Write(b)
+	buf.WriteByte('\n')
+	return nil
+}
+
+// about names the stage or effect a record is about, for an error.
+func (r *Record) about() string {
+	switch {
+	case r.Stage != "":
+		return fmt.Sprintf(" of stage %q", r.Stage)
+	case r.Key != "":
+		return fmt.Sprintf(" of effect %q", r.Key)
+	}
+	return ""
+}
+
+// encodeTx appends the records of one transaction to buf and applies them
+// to the state. When one cannot be encoded (appendRecord), none is: buf
+// and the state are left as they were and the error is returned.
+func (r *Run) encodeTx(buf *bytes.Buffer, recs []*Record, now time.Time) error {
+	mark, pos := buf.Len(), r.st.pos
+	var lastLen int64
+	for _, rec := range recs {
+		rec.Seq, rec.At, rec.Prev = pos.seq+1, now, pos.hash
+		if rec.Session == "" {
+			rec.Session = r.session
+		}
+		n := buf.Len()
+		if err := appendRecord(buf, rec); err != nil {
+			buf.Truncate(mark)
+			return err
+		}
+		line := buf.Bytes()[n : buf.Len()-1]
+		pos = chain{seq: rec.Seq, hash: lineHash(line), offset: pos.offset + int64(len(line)+1), crc: true}
+		lastLen = int64(len(line) + 1)
+	}
+	for _, rec := range recs {
+		r.st.apply(rec)
+		r.notes.written(rec)
+	}
+	if len(recs) > 0 {
+		r.st.pos, r.st.lastLen = pos, lastLen
+	}
+	return nil
 }
 
 // lineHash is the chain hash of one ledger line without its '\n'.
@@ -88,12 +149,28 @@ func lineHash(line []byte) string {
 // every record must have. It tries the fast path (decodeFast), with the
 // decoder's shared strings, then encoding/json; prev is the chain hash the
 // line should name.
+//
+// Keys are matched exactly: a key given twice, or one that differs from a
+// known field only by case, is an error (encoding/json would read it, jq
+// would read another field). A line with a crc field must end with it, as
+// written, and match it (checkCRC).
 func (d *decoder) parse(line []byte, prev string, r *Record) error {
 	*r = Record{}
+	d.crc = false
 	if !d.decodeFast(line, prev, r) {
 		*r = Record{}
 		if err := json.Unmarshal(line, r); err != nil {
 			return fmt.Errorf("not a JSON record: %v", err)
+		}
+		crc, err := checkLine(line)
+		if err != nil {
+			return fmt.Errorf("not a ledger record: %v", err)
+		}
+		d.crc = crc
+	}
+	if d.crc {
+		if err := checkCRC(line); err != nil {
+			return err
 		}
 	}
 	if r.Seq <= 0 {
@@ -111,17 +188,19 @@ type chain struct {
 	seq    int64  // seq of the last record; 0 before the first
 	hash   string // chain hash of the last record's line; "" before the first
 	offset int64  // byte offset just past the last record's '\n'
+	crc    bool   // the last record's line has a crc field: the next one must have one too
 }
 
 // replay reads ledger lines from r, which starts at byte offset c.offset,
 // checks each one continues the chain (seq+1, prev = hash of the line
 // before) and calls apply for it. It stops at the end of r.
 //
-// A last line without '\n', or one that does not parse, is a torn write:
-// replay returns its start in tornAt (-1 when there is none) and does not
-// apply it. Any other bad line is corruption: replay returns a
-// *CorruptError naming path, the line and its byte offset, and c stays at
-// the last good record. The *Record passed to apply is reused for the
+// A last line without '\n' is a torn write: replay returns its start in
+// tornAt (-1 when there is none) and does not apply it. Any bad line that
+// ends in '\n', the last one too, is corruption (a torn append cannot end
+// in '\n': the writer wrote it whole and may have acknowledged it):
+// replay returns a *CorruptError naming path, the line and its byte
+// offset, and c stays at the last good record. The *Record passed to apply is reused for the
 // next line: apply must not keep it (the maps and slices in it are new
 // for each line and may be kept).
 func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) error) (tornAt int64, err error) {
@@ -129,7 +208,6 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 	defer src.stop()
 	var d decoder
 	var rec Record
-	var bad *CorruptError
 	for {
 		line, hash, rerr := src.next()
 		if rerr == errLineTooLong {
@@ -137,9 +215,6 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 				Err: fmt.Errorf("line longer than %d bytes", maxLine)}
 		}
 		if rerr == io.EOF {
-			if bad != nil {
-				return bad.Offset, nil // the bad line was the last one: torn
-			}
 			if len(line) > 0 {
 				return c.offset, nil // no '\n': torn
 			}
@@ -148,13 +223,13 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 		if rerr != nil {
 			return -1, fmt.Errorf("runstate: read %s: %w", path, rerr)
 		}
-		if bad != nil {
-			return -1, bad // a bad line with more after it
-		}
 		body := line[:len(line)-1]
 		if perr := d.parse(body, c.hash, &rec); perr != nil {
-			bad = &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
-			continue
+			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
+		}
+		if c.crc && !d.crc {
+			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
+				Err: errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)}
 		}
 		if err := c.check(path, &rec); err != nil {
 			return -1, err
@@ -167,6 +242,7 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 		c.seq = rec.Seq
 		c.hash = hash
 		c.offset += int64(len(line))
+		c.crc = d.crc
 	}
 }
 

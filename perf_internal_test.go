@@ -210,6 +210,8 @@ func genRun(dir string, n int, manifest bool) error {
 			line = append(line, t[2]...)
 			line = append(line, rec.Prev...)
 			line = append(line, t[3]...)
+			n := len(line) - crcSuffix - 1
+			line = append(appendCRC(line[:n], line[:n]), '\n')
 		}
 		if _, err := w.Write(line); err != nil {
 			return err

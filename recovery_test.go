@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -76,12 +77,31 @@ func rechain(lines [][]byte) []byte {
 	prev := ""
 	for _, l := range lines {
 		body := bytes.TrimSuffix(l, []byte("\n"))
-		body = prevField.ReplaceAll(body, []byte(`"prev":"`+prev+`"`))
+		body = recrc(prevField.ReplaceAll(body, []byte(`"prev":"`+prev+`"`)))
 		buf.Write(body)
 		buf.WriteByte('\n')
 		prev = sha256Hex(body)
 	}
 	return buf.Bytes()
+}
+
+var crcField = regexp.MustCompile(`,"crc":"[0-9a-f]{8}"\}$`)
+
+// recrc writes a new checksum into body (a line without '\n') that has
+// one, as the writer computes it: the CRC-32C of the bytes before the
+// crc field.
+func recrc(body []byte) []byte {
+	loc := crcField.FindIndex(body)
+	if loc == nil {
+		return body
+	}
+	sum := crc32.Checksum(body[:loc[0]], crc32.MakeTable(crc32.Castagnoli))
+	return fmt.Appendf(append([]byte(nil), body[:loc[0]]...), `,"crc":"%08x"}`, sum)
+}
+
+// recrcLine is recrc for a line with its '\n'.
+func recrcLine(line []byte) []byte {
+	return append(recrc(bytes.TrimSuffix(line, []byte("\n"))), '\n')
 }
 
 func setSeq(line []byte, seq int) []byte {
@@ -195,18 +215,28 @@ func TestRecoveryRefusesCorruption(t *testing.T) {
 			name: "edited value breaks the chain",
 			corrupt: func(p string) error {
 				return editLines(p, func(l [][]byte) []byte {
-					l[4] = bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1)
+					l[4] = recrcLine(bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1))
 					return joinLines(l)
 				})
 			},
 			line: 6, what: "prev hash does not match line 5",
 		},
 		{
+			name: "edited value, its checksum not updated",
+			corrupt: func(p string) error {
+				return editLines(p, func(l [][]byte) []byte {
+					l[4] = bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1)
+					return joinLines(l)
+				})
+			},
+			line: 5, what: "checksum",
+		},
+		{
 			name: "edited last line",
 			corrupt: func(p string) error {
 				return editLines(p, func(l [][]byte) []byte {
-					l[11] = bytes.Replace(l[11], []byte(`"ev":"close"`), []byte(`"ev":"clone"`), 1)
-					l[10] = bytes.Replace(l[10], []byte(`"stage":"c"`), []byte(`"stage":"d"`), 1)
+					l[11] = recrcLine(bytes.Replace(l[11], []byte(`"ev":"close"`), []byte(`"ev":"clone"`), 1))
+					l[10] = recrcLine(bytes.Replace(l[10], []byte(`"stage":"c"`), []byte(`"stage":"d"`), 1))
 					return joinLines(l)
 				})
 			},
@@ -257,7 +287,7 @@ func TestRecoveryRefusesCorruption(t *testing.T) {
 			name: "first line has a prev",
 			corrupt: func(p string) error {
 				return editLines(p, func(l [][]byte) []byte {
-					l[0] = prevField.ReplaceAll(l[0], []byte(`"prev":"`+strings.Repeat("ab", 32)+`"`))
+					l[0] = recrcLine(prevField.ReplaceAll(l[0], []byte(`"prev":"`+strings.Repeat("ab", 32)+`"`)))
 					return joinLines(l)
 				})
 			},
@@ -352,7 +382,7 @@ func TestRecoveryUnknownFormat(t *testing.T) {
 	dir = buildRun(t)
 	require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
 	require.NoError(t, editLines(ledgerPath(dir), func(l [][]byte) []byte {
-		l[0] = bytes.Replace(l[0], []byte(`"format":1`), []byte(`"format":2`), 1)
+		l[0] = recrcLine(bytes.Replace(l[0], []byte(`"format":1`), []byte(`"format":2`), 1))
 		return rechain(l)
 	}))
 	before := fileStates(t, dir)
@@ -429,17 +459,17 @@ func cutEveryOffset(t *testing.T, base string, step int) {
 }
 
 // TestRecoveryTornTailOther covers the other shapes of a torn last line:
-// one that has its newline but does not parse, and zeros (a file system
-// that extended the file before the data reached it).
+// garbage and zeros (a file system that extended the file before the data
+// reached it), without a newline. (With one, the line is corruption:
+// TestLastLineEndingInNewlineIsCorruptNotTorn.)
 func TestRecoveryTornTailOther(t *testing.T) {
 	base, last := tornBase(t)
 	good := readLedgerBytes(t, base)
 	lastGood := parseLedger(t, good)
 	for name, torn := range map[string][]byte{
-		"garbage with newline":      []byte("{\"seq\":12,\"at\":\"garb\n"),
-		"zeros":                     make([]byte, 4096),
-		"zeros with newline":        append(make([]byte, 100), '\n'),
-		"half a line and a newline": append(bytes.Clone(last[:len(last)/2]), '\n'),
+		"garbage":     []byte("{\"seq\":12,\"at\":\"garb"),
+		"zeros":       make([]byte, 4096),
+		"half a line": bytes.Clone(last[:len(last)/2]),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -546,7 +576,7 @@ func TestRecoverySnapshotTail(t *testing.T) {
 			name: "edited value in the tail",
 			corrupt: func(p string) error {
 				return editLines(p, func(l [][]byte) []byte {
-					l[15] = bytes.Replace(l[15], []byte("artifacts/d.txt"), []byte("artifacts/x.txt"), 1)
+					l[15] = recrcLine(bytes.Replace(l[15], []byte("artifacts/d.txt"), []byte("artifacts/x.txt"), 1))
 					return joinLines(l)
 				})
 			},
@@ -570,7 +600,7 @@ func TestRecoverySnapshotTail(t *testing.T) {
 			name: "the snapshot's own record edited",
 			corrupt: func(p string) error {
 				return editLines(p, func(l [][]byte) []byte {
-					l[11] = bytes.Replace(l[11], []byte(`"ev":"close"`), []byte(`"ev":"clone"`), 1)
+					l[11] = recrcLine(bytes.Replace(l[11], []byte(`"ev":"close"`), []byte(`"ev":"clone"`), 1))
 					return joinLines(l)
 				})
 			},
@@ -622,7 +652,7 @@ func TestRecoverySnapshotTrusted(t *testing.T) {
 	dir, snapSeq := snapshotRun(t)
 	lp := ledgerPath(dir)
 	require.NoError(t, editLines(lp, func(l [][]byte) []byte {
-		l[4] = bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1)
+		l[4] = recrcLine(bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1))
 		return joinLines(l)
 	}))
 	rep, err := runstate.Verify(dir)
@@ -741,7 +771,7 @@ func TestRecoveryManifestEditedIgnored(t *testing.T) {
 			// replay finds it.
 			require.NoError(t, os.WriteFile(mp, jsonMarshal(t, m), 0o644))
 			require.NoError(t, editLines(ledgerPath(dir), func(l [][]byte) []byte {
-				l[4] = bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1)
+				l[4] = recrcLine(bytes.Replace(l[4], []byte("artifacts/a.txt"), []byte("artifacts/z.txt"), 1))
 				return joinLines(l)
 			}))
 			_, err = runstate.Open(dir, testOptions())

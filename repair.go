@@ -80,11 +80,11 @@ type RepairReport struct {
 //
 //   - Acknowledged records that a machine crash left only in
 //     logs/ledger.wal are copied into the ledger, as the next Open would.
-//   - A torn last line (a writer died mid-append; never acknowledged) is
-//     moved aside to logs/ledger.jsonl.torn-<time> and cut off, as the
-//     next writer would do.
-//   - Damage in the middle of the ledger (a bad line with lines after it, a
-//     seq gap, a broken hash chain) is refused with an error wrapping
+//   - A torn last line (one without its '\n': a writer died mid-append;
+//     never acknowledged) is moved aside to logs/ledger.jsonl.torn-<time>
+//     and cut off, as the next writer would do.
+//   - Any other damage (a bad line, the last one too when it ends in '\n';
+//     a crc that does not match, a seq gap, a broken hash chain) is refused with an error wrapping
 //     ErrCorrupt that names the line and byte offset, and nothing is
 //     written, unless opts.TruncateAt says where to cut (see
 //     RepairOptions).
@@ -201,7 +201,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	stamp := time.Now().UTC().Format("20060102T150405.000000000Z")
 	switch {
 	case o.TruncateAt == 0 && ce != nil:
-		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage in the middle of the ledger, not a torn tail, and repair does not cut it by itself; %s",
+		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage (a whole line, ended by its newline, or a broken chain), not a torn tail, and repair does not cut it by itself; %s",
 			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce))
 
 	case o.TruncateAt == 0 && tornAt >= 0:

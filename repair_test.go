@@ -61,7 +61,7 @@ func verifyOK(t *testing.T, dir string) {
 }
 
 func TestRepairTornTail(t *testing.T) {
-	for _, torn := range []string{`{"seq":99,"at":"20`, "{\"not a record\n"} {
+	for _, torn := range []string{`{"seq":99,"at":"20`, "{\"not a record"} {
 		dir, good := repairRun(t)
 		writeLedger(t, dir, append(append([]byte{}, good...), torn...))
 
@@ -115,7 +115,7 @@ func editMiddle(t *testing.T, dir string, good []byte) []byte {
 	t.Helper()
 	lines := strings.SplitAfter(string(good), "\n")
 	require.Contains(t, lines[4], `"ev":"complete"`)
-	lines[4] = strings.Replace(lines[4], `"stage":"a"`, `"stage":"z"`, 1)
+	lines[4] = string(recrcLine([]byte(strings.Replace(lines[4], `"stage":"a"`, `"stage":"z"`, 1)))) // its checksum kept right
 	bad := []byte(strings.Join(lines, ""))
 	writeLedger(t, dir, bad)
 	return bad
@@ -235,7 +235,9 @@ func TestRepairNotARun(t *testing.T) {
 
 func TestRepairVersion(t *testing.T) {
 	dir, good := repairRun(t)
-	bad := strings.Replace(string(good), `"format":1`, `"format":9`, 1)
+	lines := strings.SplitAfter(string(good), "\n")
+	lines[0] = string(recrcLine([]byte(strings.Replace(lines[0], `"format":1`, `"format":9`, 1))))
+	bad := string(rechain(splitLines([]byte(strings.Join(lines, "")))))
 	writeLedger(t, dir, []byte(bad))
 	_, err := runstate.Repair(dir, nil)
 	require.ErrorIs(t, err, runstate.ErrVersion)

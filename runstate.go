@@ -227,8 +227,10 @@ type Run struct {
 // run and the others resume it, each as its own session.
 //
 // Open fails with ErrMismatch when the run serves another Request, with a
-// *CorruptError when the ledger is damaged before its last line (nothing
-// is written then), and with ErrVersion for an unknown format. Records
+// *CorruptError when the ledger is damaged anywhere but in a torn last line
+// (one without its '\n'; nothing is written then), with ErrVersion for an
+// unknown format, and with ErrInvalid when Request, Revision and
+// Environment encode to more than 4 MiB. Records
 // that a machine crash left only in logs/ledger.wal are copied into the
 // ledger first (and fdatasync'd there), with a warning in the log. A torn
 // last line, left by a writer that died mid-append, is moved aside to
@@ -244,6 +246,9 @@ func Open(dir string, opts *Options) (*Run, error) {
 	}
 	if o.ManifestInterval == 0 {
 		o.ManifestInterval = time.Second
+	}
+	if err := checkIdentity(&o); err != nil {
+		return nil, err
 	}
 	r := &Run{dir: dir, opts: o, fs: o.fs, log: o.Logger, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir), cmdDir: dirArg(dir)}
 	if r.fs == nil {
@@ -529,8 +534,11 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot boo
 	}
 	size := fi.Size()
 	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
-		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && snapshotHolds(f, pos) && journalAgrees(fsys, dir, f, pos) {
-			st, fromSnapshot = s, true
+		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && journalAgrees(fsys, dir, f, pos) {
+			if crc, ok := snapshotHolds(f, pos); ok {
+				st, fromSnapshot = s, true
+				st.pos.crc = crc
+			}
 		}
 	}
 	if st == nil {
@@ -548,20 +556,20 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot boo
 }
 
 // snapshotHolds reports whether the ledger has, at pos, the record the
-// manifest says it reflects.
-func snapshotHolds(f file, pos snapshotPos) bool {
+// manifest says it reflects, and whether that line has a crc field.
+func snapshotHolds(f file, pos snapshotPos) (crc, ok bool) {
 	n := pos.End - pos.Offset
-	if n > maxLine {
-		return false
+	if n > maxLine || n < 1 {
+		return false, false
 	}
 	buf := make([]byte, n)
 	if _, err := f.ReadAt(buf, pos.Offset); err != nil {
-		return false
+		return false, false
 	}
 	if buf[n-1] != '\n' || (pos.Offset > 0 && !precededByNewline(f, pos.Offset)) {
-		return false
+		return false, false
 	}
-	return lineHash(buf[:n-1]) == pos.Hash
+	return hasCRC(buf[:n-1]), lineHash(buf[:n-1]) == pos.Hash
 }
 
 func precededByNewline(f file, off int64) bool {
@@ -1156,22 +1164,9 @@ func (r *Run) writeBatch(batch []*tx) written {
 			t.err = err
 			continue
 		}
-		for _, rec := range recs {
-			rec.Seq = r.st.pos.seq + 1
-			rec.At = now
-			if rec.Session == "" {
-				rec.Session = r.session
-			}
-			rec.Prev = r.st.pos.hash
-			n := buf.Len()
-			if err := appendRecord(&buf, rec); err != nil {
-				panic("runstate: cannot encode a record: " + err.Error()) // all fields are plain data
-			}
-			line := buf.Bytes()[n : buf.Len()-1]
-			r.st.apply(rec)
-			r.st.pos = chain{seq: rec.Seq, hash: lineHash(line), offset: r.st.pos.offset + int64(len(line)+1)}
-			r.st.lastLen = int64(len(line) + 1)
-			r.notes.written(rec)
+		if err := r.encodeTx(&buf, recs, now); err != nil {
+			t.err = err // this transaction only: the others of the batch go on
+			continue
 		}
 		t.recs = recs
 		w.sync = w.sync || t.sync

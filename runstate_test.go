@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -117,7 +119,7 @@ func topKeys(t testing.TB, obj []byte) []string {
 // checkLedger reads the ledger in dir and checks it is exactly as DESIGN §2
 // says a writer leaves it: every line '\n'-terminated and a record, seq
 // 1, 2, 3 … without gaps, prev the hash of the line before, and the fields
-// seq, at, ev first and prev last.
+// seq, at, ev first and prev, then crc (the line's checksum), last.
 // assertVerifies checks the whole run with Verify: no problem at all.
 func assertVerifies(t testing.TB, dir string) {
 	t.Helper()
@@ -131,14 +133,23 @@ func checkLedger(t testing.TB, dir string) []ledgerLine {
 	lines := parseLedger(t, readLedgerBytes(t, dir))
 	require.NotEmpty(t, lines)
 	prev := ""
+	crc := false // a line had a crc: every later one must (lines before it may be a fixture's, written without)
 	for i, l := range lines {
 		require.Equal(t, int64(i+1), l.rec.Seq, "line %d: seq", i+1)
 		require.Equal(t, prev, l.rec.Prev, "line %d: prev", i+1)
 		require.GreaterOrEqual(t, len(l.keys), 4, "line %d", i+1)
 		require.Equal(t, []string{"seq", "at", "ev"}, l.keys[:3], "line %d: field order", i+1)
-		require.Equal(t, "prev", l.keys[len(l.keys)-1], "line %d: prev must be last", i+1)
 		prev = sha256Hex(l.raw)
+		if !crc && l.keys[len(l.keys)-1] == "prev" {
+			continue
+		}
+		crc = true
+		require.Equal(t, []string{"prev", "crc"}, l.keys[len(l.keys)-2:], "line %d: prev, then crc, must be last", i+1)
+		n := len(l.raw) - len(`,"crc":"00000000"}`)
+		require.Equal(t, fmt.Sprintf(`,"crc":"%08x"}`, crc32.Checksum(l.raw[:n], crc32.MakeTable(crc32.Castagnoli))), string(l.raw[n:]),
+			"line %d: crc is the CRC-32C of the line before it", i+1)
 	}
+	require.True(t, crc, "the writer puts a crc on every line")
 	require.Equal(t, "create", lines[0].rec.Ev)
 	return lines
 }

@@ -118,9 +118,14 @@ func checkName(name string) error {
 // and the stages it no longer names are dropped (see Stage.Plan). The
 // stages that a stage discovered (Stage.Plan) stay in the plan, after
 // that stage: Plan names only the run's own. Stages may be begun without
-// being planned. Safe for concurrent use.
+// being planned. A plan whose JSON exceeds 4 MiB is ErrInvalid, and
+// nothing is recorded. Safe for concurrent use.
 func (r *Run) Plan(ctx context.Context, stages ...string) error {
 	if err := checkPlan(stages); err != nil {
+		return err
+	}
+	data, _ := json.Marshal(stages)
+	if err := checkSize(fmt.Sprintf("a plan of %d stages", len(stages)), len(data)); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -130,7 +135,6 @@ func (r *Run) Plan(ctx context.Context, stages ...string) error {
 		if slices.Equal(s.top, stages) {
 			return nil, nil
 		}
-		data, _ := json.Marshal(stages)
 		return []*Record{{Ev: evPlan, Data: data}}, nil
 	})
 	return err
@@ -146,6 +150,9 @@ type evidence struct {
 }
 
 func (r *Run) gather(inputs []Input) (*evidence, error) {
+	if err := checkInputSet(inputs); err != nil {
+		return nil, err
+	}
 	ev := &evidence{list: inputs, inputs: map[string]string{}}
 	for _, in := range inputs {
 		if in.err != nil {
@@ -314,8 +321,9 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 // Begin fails with ErrBusy when a live session runs the stage, with
 // ErrNeedsPerson when it awaits a person, with ErrFatal after a fatal
 // failure, with ErrNotReady when an After stage is not done, and with
-// ErrTransition when the run's Flow forbids it. A stage begun by a session
-// that died is recorded as interrupted and begun again.
+// ErrTransition when the run's Flow forbids it, and with ErrInvalid when
+// the inputs' names and fingerprints encode to more than 4 MiB. A stage
+// begun by a session that died is recorded as interrupted and begun again.
 //
 // The begin record is written but not fsync'd: until Complete, Fail or
 // Await, nothing is acknowledged. It does not wait for another goroutine's
@@ -721,8 +729,9 @@ func (st *Stage) Complete() error {
 // After Options.MaxAttempts retryable failures the stage awaits a person.
 // An unclassified or Retryable err that is a full disk or quota (ENOSPC,
 // EDQUOT) is recorded retryable with that reason and does not count: the
-// stage runs again once there is space, without a person.
-// When Fail returns nil the record is durable. Fail returns nil for a nil
+// stage runs again once there is space, without a person. An error text
+// longer than 64 KiB is recorded cut, with a marker (see the package
+// documentation). When Fail returns nil the record is durable. Fail returns nil for a nil
 // err without ending the attempt. Safe for concurrent use.
 func (st *Stage) Fail(err error) error {
 	if err == nil {

@@ -121,9 +121,10 @@ func (s *suite) powerLossTrial(t *testing.T, at runstatetest.At, torn *rand.Rand
 	})
 }
 
-// corruption damages copies of a finished run: every line but the last,
-// each in six ways (a flipped byte, deleted, repeated, swapped with the
-// next, a value edited into other valid JSON, a line inserted before it),
+// corruption damages copies of a finished run: every line in two ways (a
+// flipped byte, a value edited into other valid JSON), every line but the
+// last in four more (deleted, repeated, swapped with the next, a line
+// inserted before it),
 // plus an altered artifact and an edited manifest. Verify must report each
 // at the right place, a replaying Open must refuse each damaged ledger and
 // write nothing, and an edited manifest must be ignored. Torn tails (the
@@ -151,21 +152,27 @@ func (s *suite) corruption(t *testing.T) {
 		data []byte
 	}
 	var cases []damage
-	for i := 0; i < len(lines)-1; i++ {
+	for i := 0; i < len(lines); i++ {
 		l := bytes.Clone(lines[i])
-		pos := rng.IntN(len(l))
+		pos := rng.IntN(len(l) - 1) // not the '\n': without it, the last line is a torn tail
 		l[pos] ^= byte(1 + rng.IntN(255))
-		// The flipped line is reported when it is no record any more
-		// (or its own prev hash was hit), the next one when its prev
-		// hash no longer matches: either way, -1 below.
+		// The flipped line is reported when it is no record any more,
+		// or its checksum does not match (or its own prev hash was
+		// hit), the next one when its prev hash no longer matches:
+		// either way, -1 below. The last line too: its checksum.
 		flipLine := -(i + 1)
 		edited := editValue(lines[i])
 		cases = append(cases,
 			damage{"byte flipped", flipLine, join(lines[:i], [][]byte{l}, lines[i+1:])},
+			damage{"value edited", i + 1, join(lines[:i], [][]byte{edited}, lines[i+1:])}, // its checksum
+		)
+		if i == len(lines)-1 {
+			break // deleting, repeating or moving the last line is not damage a line can show
+		}
+		cases = append(cases,
 			damage{"line deleted", i + 1, join(lines[:i], lines[i+1:])},
 			damage{"line repeated", i + 2, join(lines[:i+1], lines[i:])},
 			damage{"lines swapped", i + 1, join(lines[:i], [][]byte{lines[i+1], lines[i]}, lines[i+2:])},
-			damage{"value edited", i + 2, join(lines[:i], [][]byte{edited}, lines[i+1:])},
 			damage{"line inserted", i + 1, join(lines[:i], [][]byte{[]byte(`{"seq":` + fmt.Sprint(i+1) + `,"ev":"note","prev":""}` + "\n")}, lines[i:])},
 		)
 	}

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -190,14 +192,18 @@ func ledgerLines(t *testing.T, dir string) []string {
 }
 
 // editLine changes line n (1-based) of the ledger in place, keeping it
-// valid JSON and its length, and returns the byte offset of line n+1,
-// where the chain breaks.
+// valid JSON and its length, and its checksum right, and returns the byte
+// offset of line n+1, where the chain breaks.
 func editLine(t *testing.T, dir string, n int, old, new string) int64 {
 	t.Helper()
 	require.Equal(t, len(old), len(new))
 	lines := ledgerLines(t, dir)
 	require.Contains(t, lines[n-1], old)
 	lines[n-1] = strings.Replace(lines[n-1], old, new, 1)
+	if i := strings.LastIndex(lines[n-1], `,"crc":"`); i >= 0 {
+		sum := crc32.Checksum([]byte(lines[n-1][:i]), crc32.MakeTable(crc32.Castagnoli))
+		lines[n-1] = fmt.Sprintf(`%s,"crc":"%08x"}`+"\n", lines[n-1][:i], sum)
+	}
 	require.NoError(t, os.WriteFile(ledgerPath(dir), []byte(strings.Join(lines, "")), 0o644))
 	var off int64
 	for _, l := range lines[:n] {
@@ -485,9 +491,10 @@ func TestLog(t *testing.T) {
 	assert.Contains(t, out[0], `request "`+request+`"`)
 	assert.Regexp(t, `(?m)complete\s+plan#1\s+-> artifacts/plan.md \(sha256:[0-9a-f]{12}, 15 B\)$`, res.out)
 
-	// -json prints the records in the ledger's own bytes.
+	// -json prints the records in the ledger's own bytes, less each
+	// line's checksum (the crc field).
 	res = readCLI(t, dir, "log", "-json", dir)
-	assert.Equal(t, strings.Join(lines, ""), res.out)
+	assert.Equal(t, regexp.MustCompile(`,"crc":"[0-9a-f]{8}"\}\n`).ReplaceAllString(strings.Join(lines, ""), "}\n"), res.out)
 
 	res = readCLI(t, dir, "log", dir, "-stage", "plan")
 	out = strings.Split(strings.TrimSuffix(res.out, "\n"), "\n")

@@ -18,7 +18,7 @@
 //     one a tenth as long;
 //   - a full replay: Verify, and Open without a manifest, in records/s.
 //
-// The generated ledgers are kept in DIR (runstate-perf-f<format>-n<N>)
+// The generated ledgers are kept in DIR (runstate-perf-f<format>c-n<N>)
 // for the next run; everything else is removed at the end. File creation
 // cost depends on the file system's state (ext4 without a journal skips
 // every inode freed in the last 30 seconds, reading each), so the program
@@ -34,6 +34,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -437,7 +438,7 @@ func timeOpen(dir string) (time.Duration, uint64, error) {
 // cachedRun returns a run directory whose ledger holds n records and has a
 // manifest, generating it on first use and keeping it in base.
 func cachedRun(base string, n int) (string, error) {
-	dir := filepath.Join(base, fmt.Sprintf("runstate-perf-f%d-n%d", runstate.FormatVersion, n))
+	dir := filepath.Join(base, fmt.Sprintf("runstate-perf-f%dc-n%d", runstate.FormatVersion, n))
 	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err == nil {
 		return dir, nil
 	}
@@ -464,10 +465,13 @@ func cachedRun(base string, n int) (string, error) {
 }
 
 // generate writes a ledger of n records the way a long pipeline leaves it,
-// in the documented format (one JSON record a line, a SHA-256 chain):
+// in the documented format (one JSON record a line, a SHA-256 chain, each
+// line's CRC-32C):
 // create, open, a plan of 100 stages, then begin and complete pairs
 // cycling through them (one input, one output each), a close and an open
 // every 1,000 records, and a close at the end.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 func generate(dir string, n int) error {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return err
@@ -493,6 +497,8 @@ func generate(dir string, n int) error {
 			return err
 		}
 		b := buf.Bytes()
+		// The line's checksum, last, as the writer puts it.
+		b = fmt.Appendf(b[:len(b)-2], `,"crc":"%08x"}`+"\n", crc32.Checksum(b[:len(b)-2], castagnoli))
 		h := sha256.Sum256(b[:len(b)-1])
 		prev = hex.EncodeToString(h[:])
 		_, err := w.Write(b)
