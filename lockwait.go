@@ -23,8 +23,9 @@ func init() { lockWarnAfter.Store(int64(2 * time.Second)) }
 // waitLock takes the ledger lock, waiting as long as ctx allows (a ctx
 // that is never done: as long as it takes). A wait longer than
 // lockWarnAfter is logged with the holder; a wait that ctx ends fails with
-// an error that names it.
-func (r *Run) waitLock(ctx context.Context) error {
+// an error that names it. Open waits before it has a session or a state
+// (opening): the holder is named by pid alone then.
+func (r *Run) waitLock(ctx context.Context, opening bool) error {
 	if ok, err := r.lock.TryLock(); ok || err != nil {
 		if err != nil {
 			return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
@@ -35,13 +36,13 @@ func (r *Run) waitLock(ctx context.Context) error {
 	after := time.Duration(lockWarnAfter.Load())
 	warn := time.AfterFunc(after, func() {
 		r.log.Warn("runstate: still waiting for the ledger lock", "lock", r.path(lockFile),
-			"waited", time.Since(start).Round(time.Millisecond), "holder", r.lockHolder())
+			"waited", time.Since(start).Round(time.Millisecond), "holder", r.describeHolder(!opening))
 	})
 	err := lockContext(ctx, r.lock)
 	warn.Stop()
 	if err != nil {
 		if ctx.Err() != nil {
-			return r.lockWaitError(ctxErr(ctx), time.Since(start))
+			return r.lockWaitError(ctxErr(ctx), time.Since(start), !opening)
 		}
 		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
 	}
@@ -109,21 +110,22 @@ func ctxErr(ctx context.Context) error {
 
 // lockWaitError is the error of a call that gave up waiting for the
 // ledger lock after waited, for cause: it names the lock's holder.
-func (r *Run) lockWaitError(cause error, waited time.Duration) error {
+func (r *Run) lockWaitError(cause error, waited time.Duration, withState bool) error {
 	return fmt.Errorf("runstate: gave up waiting for %s after %s: %w; it is held by %s: a stopped or hung process? resume it (kill -CONT PID) or end it, then call again; nothing was recorded",
-		r.path(lockFile), waited.Round(time.Millisecond), cause, r.lockHolder())
+		r.path(lockFile), waited.Round(time.Millisecond), cause, r.describeHolder(withState))
 }
 
-// lockHolder says who holds the ledger lock, as well as it can be found.
+// describeHolder says who holds the ledger lock, as well as it can be found.
 // On Linux /proc/locks names the pid holding the lock file's inode; the
 // open records of the run's sessions map a pid to a session and a host.
 // Elsewhere (or where /proc is not mounted) it lists the run's open
 // sessions: one of them, or an operator's command, holds it. It reads the
-// state only when no batch is using it.
-func (r *Run) lockHolder() string {
+// state (withState: Open has made it, and the session's id and host) only
+// when no batch is using it.
+func (r *Run) describeHolder(withState bool) string {
 	pids := lockHolders(r.path(lockFile))
 	var sessions []*SessionStatus
-	if r.stMu.TryRLock() {
+	if withState && r.stMu.TryRLock() {
 		if r.st != nil {
 			for _, ss := range r.st.sessions {
 				c := *ss
@@ -151,6 +153,9 @@ func (r *Run) lockHolder() string {
 			who = append(who, s)
 		}
 		return strings.Join(who, "; ") + " on this host"
+	}
+	if !withState {
+		return "a process not found (one of the run's sessions, or an operator's command)"
 	}
 	var open []string
 	for _, ss := range sessions {

@@ -319,7 +319,7 @@ func (r *Run) open() error {
 		ctx, cancel = context.WithTimeout(ctx, r.opts.LockTimeout)
 		defer cancel()
 	}
-	if err := r.waitLock(ctx); err != nil {
+	if err := r.waitLock(ctx, true); err != nil {
 		return err
 	}
 	defer r.lock.Unlock()
@@ -799,7 +799,7 @@ func (r *Run) await(t *tx) ([]*Record, error) {
 		case <-timer.C:
 		}
 		if t.claim.CompareAndSwap(txQueued, txWithdrawn) {
-			return nil, r.lockWaitError(ErrLockTimeout, r.opts.LockTimeout)
+			return nil, r.lockWaitError(ErrLockTimeout, r.opts.LockTimeout, true)
 		}
 	}
 	if stop != nil {
@@ -810,7 +810,7 @@ func (r *Run) await(t *tx) ([]*Record, error) {
 		case <-stop:
 		}
 		if t.claim.CompareAndSwap(txQueued, txWithdrawn) {
-			return nil, r.lockWaitError(ctxErr(t.ctx), time.Since(start))
+			return nil, r.lockWaitError(ctxErr(t.ctx), time.Since(start), true)
 		}
 	}
 	<-t.done
@@ -1041,7 +1041,7 @@ func (r *Run) sideWrite() {
 
 // runBatch takes the ledger lock, catches up with other processes' appends,
 // and applies the batch.
-func (r *Run) runBatch(batch []*tx) { r.runLocked(batch, r.waitLock(context.Background())) }
+func (r *Run) runBatch(batch []*tx) { r.runLocked(batch, r.waitLock(context.Background(), false)) }
 
 // runLocked is runBatch once the lock is taken (lockErr nil) or could
 // not be; it drops the lock.
