@@ -41,8 +41,8 @@ the library's Do:
     output present with its recorded hash, not older than -valid-for), CMD
     is not run: one line on standard error says so and why; exit 0.
   - Otherwise the stage begins (one line on standard error says why it
-    runs: not run before, "input src/parser.go changed", attempt 1 was
-    interrupted ...) and CMD runs with RUNSTATE_DIR (the run directory, an
+    runs, as Stage.Reason and the begin record do: "first attempt",
+    "input src/parser.go changed", "attempt 1 was interrupted ...") and CMD runs with RUNSTATE_DIR (the run directory, an
     absolute path), RUNSTATE_STAGE, RUNSTATE_ATTEMPT and RUNSTATE_RUN (the
     run's id) in its environment and exec's standard input. Its standard
     output and error go to exec's, and also to DIR/exec/STAGE.stdout and
@@ -316,7 +316,6 @@ func (c *cli) exec(o *execOptions) int {
 }
 
 func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) int {
-	prev := stageOf(r, o.stage)
 	st, err := r.Begin(ctx, o.stage, o.inputs...)
 	if errors.Is(err, runstate.ErrDone) {
 		fmt.Fprintf(c.err, "runstate exec: %s: skipped: %s\n", o.stage, doneWhy(stageOf(r, o.stage)))
@@ -325,7 +324,7 @@ func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) in
 	if err != nil {
 		return c.failWith(beginStatus(err), inDir(err, r.Dir()))
 	}
-	fmt.Fprintf(c.err, "runstate exec: %s: running (attempt %d): %s\n", o.stage, st.Attempt(), runWhy(prev, stageOf(r, o.stage)))
+	fmt.Fprintf(c.err, "runstate exec: %s: running (attempt %d): %s\n", o.stage, st.Attempt(), oneLine(st.Reason(), 200))
 
 	abs, err := filepath.Abs(r.Dir())
 	if err != nil {
@@ -443,26 +442,4 @@ func doneWhy(s runstate.StageStatus) string {
 	}
 	return fmt.Sprintf("complete since seq %d (attempt %d, %s) and its evidence holds: the same %d input(s), %d output(s) as recorded",
 		s.DoneSeq, s.Attempt, s.DoneAt.UTC().Format(time.RFC3339), len(s.Inputs), len(s.Outputs))
-}
-
-// runWhy says why a stage runs, from what the run knew of it before Begin
-// (prev) and after (cur): Begin records an invalidation or an interruption
-// as cur's reason.
-func runWhy(prev, cur runstate.StageStatus) string {
-	switch prev.State {
-	case "":
-		return "not run before"
-	case runstate.StateComplete, runstate.StateRunning:
-		return cur.Reason
-	case runstate.StateFailed:
-		return fmt.Sprintf("attempt %d failed: %s", prev.Attempt, oneLine(prev.Error, 200))
-	case runstate.StatePending:
-		if prev.Attempt == 0 {
-			return "not run before"
-		}
-	}
-	if prev.Reason != "" {
-		return oneLine(prev.Reason, 200)
-	}
-	return "the stage is " + prev.State
 }

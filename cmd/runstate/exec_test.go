@@ -72,7 +72,7 @@ func TestExecSkipsDoneStage(t *testing.T) {
 	require.Equal(t, 0, r.code, r.err)
 	assert.Equal(t, "out\n", r.out, "the command's stdout reaches exec's")
 	assert.Contains(t, r.err, "err\n", "and its stderr")
-	assert.Contains(t, r.err, "runstate exec: vet: running (attempt 1): not run before\n")
+	assert.Contains(t, r.err, "runstate exec: vet: running (attempt 1): first attempt\n")
 	assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, "vet").State)
 
 	r = execCLI(t, dir, "vet", flags, counted(count, "out", "err")...)
