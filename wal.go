@@ -269,19 +269,19 @@ func parseMark(slot []byte) (m walMark, ok bool) {
 // file of walSize zeros, fsync'd, renamed into place and its name made
 // durable, so that overwriting it never changes its size. The caller
 // holds the ledger lock.
-func (r *Run) openJournal() error {
-	p := r.path(walFile)
-	f, size, err := openWAL(r.fs, p, os.O_RDWR)
+func (s *dirStore) openJournal() error {
+	p := s.path(walFile)
+	f, size, err := openWAL(s.fs, p, os.O_RDWR)
 	if isNotExist(err) {
-		if err := writeAtomic(r.fs, r.path(tmpDir), r.sessionOrNone(), p, make([]byte, walSize), !r.opts.NoSync); err != nil {
+		if err := writeAtomic(s.fs, s.path(tmpDir), s.sessionOrNone(), p, make([]byte, walSize), !s.opts.NoSync); err != nil {
 			return fmt.Errorf("runstate: create %s: %w", p, err)
 		}
-		f, size, err = openWAL(r.fs, p, os.O_RDWR)
+		f, size, err = openWAL(s.fs, p, os.O_RDWR)
 	}
 	if err != nil {
 		return err
 	}
-	r.wal = journal{f: f, ring: size - walHeader, best: wayRing, last: wayLedger}
+	s.wal = journal{f: f, ring: size - walHeader, best: wayRing, last: wayLedger}
 	return nil
 }
 
@@ -314,13 +314,13 @@ func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
 // header slot, and fdatasyncing the journal; or, when the ring cannot
 // take them, by fdatasyncing the ledger. The caller holds the ledger lock
 // and is the leader; side writers may append meanwhile, after pos.
-func (r *Run) makeDurable(b, span []byte, pos chain) error {
-	j := &r.wal
+func (s *dirStore) makeDurable(b, span []byte, pos chain) error {
+	j := &s.wal
 	end := pos.offset
 	start := end - int64(len(b))
 	way := wayLedger
 	if j.f != nil && j.covered <= start && end-j.covered <= j.ring && end-j.ring <= j.synced {
-		switch r.opts.durable {
+		switch s.opts.durable {
 		case durableMeasured:
 			way = j.pick()
 		case durableRingOnly:
@@ -328,29 +328,29 @@ func (r *Run) makeDurable(b, span []byte, pos chain) error {
 		}
 	}
 	t := time.Now()
-	if err := r.syncBatch(way, b, span, pos); err != nil {
+	if err := s.syncBatch(way, b, span, pos); err != nil {
 		return err
 	}
 	if j.f != nil && j.note(way, time.Since(t)) {
-		r.log.Debug("runstate: a batch is made durable the other way now", "ring", j.best == wayRing,
+		s.log.Debug("runstate: a batch is made durable the other way now", "ring", j.best == wayRing,
 			"ledger_fdatasync", j.cost[wayLedger], "ring_fdatasync", j.cost[wayRing])
 	}
 	return nil
 }
 
 // syncBatch makes the batch durable the way makeDurable chose.
-func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
-	j := &r.wal
+func (s *dirStore) syncBatch(way int, b, span []byte, pos chain) error {
+	j := &s.wal
 	end := pos.offset
 	start := end - int64(len(b))
 	if way == wayLedger {
-		if err := r.ledger.Sync(); err != nil {
-			return &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
+		if err := s.ledger.Sync(); err != nil {
+			return &WriteError{Path: s.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
 		}
 		j.synced, j.covered = end, end
 		return nil
 	}
-	if err := r.checkJournal(); err != nil {
+	if err := s.checkJournal(); err != nil {
 		return err // replaced under this session: see filecheck.go
 	}
 	data := b
@@ -361,14 +361,14 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 		// other processes' appends): the ring must hold them too, or a
 		// restore would stop at the gap.
 		data = make([]byte, end-j.covered)
-		if _, err := r.ledger.ReadAt(data[:start-j.covered], j.covered); err != nil {
-			return &WriteError{Path: r.path(ledgerFile), Op: "read", Sticky: true, Err: err}
+		if _, err := s.ledger.ReadAt(data[:start-j.covered], j.covered); err != nil {
+			return &WriteError{Path: s.path(ledgerFile), Op: "read", Sticky: true, Err: err}
 		}
 		copy(data[start-j.covered:], b)
 	}
 	// The slot to write: not the one with the newest end (another
 	// process may have written since this one last did).
-	wp := r.path(walFile)
+	wp := s.path(walFile)
 	if _, err := j.f.ReadAt(j.slots[:], 0); err != nil {
 		return &WriteError{Path: wp, Op: "read", Sticky: true, Err: err}
 	}
@@ -396,20 +396,6 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 		return &WriteError{Path: wp, Op: "sync", Sticky: true, Err: err}
 	}
 	j.covered = end
-	return nil
-}
-
-// syncLedger fdatasyncs the ledger up to its end, so that it alone holds
-// every record (Close). The caller holds the ledger lock and stMu.
-func (r *Run) syncLedger() error {
-	if r.opts.NoSync {
-		return nil
-	}
-	if err := r.ledger.Sync(); err != nil {
-		return &WriteError{Path: r.path(ledgerFile), Op: "sync", Err: err}
-	}
-	r.wal.synced = max(r.wal.synced, r.st.pos.offset)
-	r.wal.covered = max(r.wal.covered, r.st.pos.offset)
 	return nil
 }
 
