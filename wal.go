@@ -402,21 +402,22 @@ func (s *dirStore) syncBatch(way int, b, span []byte, pos chain) error {
 // journalTail returns the records that only the journal holds past pos
 // (the end of the ledger's last good record): the ring's bytes from pos
 // to the end a header slot names, when they continue the chain up to
-// exactly that end, seq and hash. Of the two slots the newest that holds
-// wins. A missing journal, or one with nothing past pos, has none.
-func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, error) {
+// exactly that end, seq and hash, and that slot. Of the two slots the
+// newest that holds wins. A missing journal, or one with nothing past
+// pos, has none.
+func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, walMark, error) {
 	p := filepath.Join(dir, filepath.FromSlash(walFile))
 	f, size, err := openWAL(fsys, p, os.O_RDONLY)
 	if isNotExist(err) {
-		return nil, nil
+		return nil, walMark{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, walMark{}, err
 	}
 	defer f.Close()
 	var slots [2 * walSlot]byte
 	if _, err := f.ReadAt(slots[:], 0); err != nil {
-		return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+		return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 	}
 	var marks []walMark
 	for i := range 2 {
@@ -437,18 +438,18 @@ func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, error) {
 		at := pos.offset % ring
 		k := min(n, ring-at)
 		if _, err := f.ReadAt(data[:k], walHeader+at); err != nil {
-			return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+			return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 		}
 		if k < n {
 			if _, err := f.ReadAt(data[k:], walHeader); err != nil {
-				return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+				return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 			}
 		}
 		if continues(p, data, pos, m) {
-			return data, nil
+			return data, m, nil
 		}
 	}
-	return nil, nil
+	return nil, walMark{}, nil
 }
 
 // continues reports whether data is whole lines that continue the chain
@@ -502,7 +503,7 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 	if err != nil && !errors.As(err, &ce) {
 		return -1, j, err
 	}
-	tail, jerr := journalTail(fsys, dir, *c)
+	tail, m, jerr := journalTail(fsys, dir, *c)
 	switch {
 	case jerr != nil && err != nil:
 		return -1, j, err // the damage first: it names the line
@@ -510,6 +511,13 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 		return -1, j, journalError{jerr}
 	case len(tail) == 0:
 		return tornAt, j, err
+	}
+	if ce != nil {
+		if seq, at, moved := movedRecord(f, size, c.offset, m); moved {
+			ce.Err = fmt.Errorf("%w; %s holds seq %d-%d whole, but seq %d, which follows them, starts at byte %d, not at byte %d where they end: records moved, so lines were deleted, repeated or inserted here by hand (a power loss damages bytes in place), and the journal's records are not written back over them",
+				ce.Err, walFile, c.seq+1, m.seq, seq, at, m.end)
+			return -1, j, ce
+		}
 	}
 	j = restored{at: c.offset, tail: tail, torn: tornAt, damage: ce}
 	if _, err := replay(bytes.NewReader(tail), filepath.Join(dir, filepath.FromSlash(walFile)), c, apply); err != nil {
@@ -520,6 +528,42 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 	}
 	tornAt, err = replay(io.NewSectionReader(f, c.offset, size-c.offset), lp, c, apply)
 	return tornAt, j, err
+}
+
+// movedRecord reports whether the ledger f, size bytes long, holds from
+// at on (where its chain stops, before the journal's records that end
+// with m) a whole record that a power loss cannot have put there: one
+// newer than m that starts before m.end (writing the journal's records
+// back would overwrite it), or m's successor (its prev is m's hash) at
+// another offset than m.end. A power loss loses, zeroes or garbles bytes
+// in place: every record newer than m stays at or after m.end, and m's
+// successor at m.end. Records that moved mean lines deleted, repeated or
+// inserted by hand, which may come after a ledger fdatasync that made
+// the records after the journal's durable in the ledger alone (Close's,
+// or a batch that took the ledger's way): the journal cannot stand in
+// for those bytes. It looks at the lines up to the first whole record
+// newer than m; it returns that record's seq and offset.
+func movedRecord(f file, size, at int64, m walMark) (seq, off int64, moved bool) {
+	if size <= at {
+		return 0, 0, false
+	}
+	src := newLineSource(io.NewSectionReader(f, at, size-at))
+	defer src.stop()
+	var d decoder
+	var rec Record
+	for off = at; ; {
+		line, _, err := src.next()
+		if err != nil {
+			return 0, 0, false // the end, a torn tail, a line too long, a failed read
+		}
+		start := off
+		off += int64(len(line))
+		if d.parse(line[:len(line)-1], m.hash, &rec) != nil || rec.Seq <= m.seq {
+			continue // damaged, or a record the journal holds
+		}
+		next := rec.Seq == m.seq+1 && rec.Prev == m.hash
+		return rec.Seq, start, start < m.end || next && start != m.end
+	}
 }
 
 // seqs returns the first and the last seq of the records j holds.
