@@ -59,7 +59,7 @@ func TestJournalRestoreNeverOverwritesMovedRecords(t *testing.T) {
 	for _, s := range []string{"a", "b", "c"} {
 		require.NoError(t, doWrite(r, s, s))
 	}
-	r.opts.durable = durableLedgerOnly // as the measured way may choose for the close record's batch
+	fileStoreOf(r).opts.durable = durableLedgerOnly // as the measured way may choose for the close record's batch
 	require.NoError(t, r.Close())
 	lines := ledgerLines(t, base)
 	orig := ledgerBytes(t, base)
