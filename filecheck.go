@@ -16,6 +16,10 @@ import (
 // after that would be lost.
 type fileIDs struct {
 	ledger, wal fileID
+	// due: checkFiles let a batch that asks for an fsync through, and
+	// makeDurable checks the ledger (and, for the ring, the journal)
+	// while the batch's fsync runs (checkDurable).
+	due bool
 }
 
 // fileID identifies an open file: device and inode where the system has
@@ -33,23 +37,67 @@ type fileID struct {
 var errReplaced = errors.New("it is no longer the file this session opened (deleted, renamed or replaced?)")
 
 // checkFiles reports, as a sticky WriteError naming the file, a ledger
-// whose path no longer leads to the file the session appends to. It runs
-// before every batch that acknowledges a record durably (one that asks for
-// an fsync: a Complete, an Effect's intent, a Close ...), under the ledger
-// lock, before anything is written: one statx (or lstat). A batch of begins
-// alone, which acknowledges nothing durably, is not checked: the complete
-// after it is. The journal is checked by checkJournal, only when a batch is
-// to be made durable in it: one made durable by the ledger's own fdatasync
-// does not depend on it.
+// whose path no longer leads to the file the session appends to. Every
+// batch that acknowledges a record durably (one that asks for an fsync: a
+// Complete, an Effect's intent, a Close ...) is checked, under the ledger
+// lock, before any of its records is acknowledged: one statx (or lstat).
+// A batch of begins alone, which acknowledges nothing durably, is not
+// checked: the complete after it is. The journal is checked only when a
+// batch is to be made durable in it: one made durable by the ledger's own
+// fdatasync does not depend on it.
+//
+// When the batch will be made durable (not NoSync), the check runs in
+// makeDurable, beside the batch's fsync (checkDurable), not here: a statx
+// walks a path, 2-3 µs each on the development machine, which the fsync's
+// wait hides. The batch's records are then written before the check; if
+// it fails, none of them is acknowledged and the Run is read-only, as when
+// an fsync fails, and the bytes went to the file the session has open,
+// which nobody reads. Without an fsync (NoSync) it checks here, before
+// anything is written.
 func (r *Run) checkFiles(batch []*tx) error {
 	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
+		return nil
+	}
+	if checkBeside && !r.opts.NoSync && r.ids.ledger != (fileID{}) {
+		r.ids.due = true
 		return nil
 	}
 	return r.checkFile(ledgerFile, r.ids.ledger)
 }
 
-// checkJournal is checkFiles for logs/ledger.wal: syncBatch calls it before
-// it writes a batch into the ring, which alone then holds it durably.
+// checkBeside lets checkFiles and checkJournal run beside the batch's
+// fsync (BenchmarkCheckpointCheckBeside turns it off to compare: then
+// they run before the batch is written, and syncBatch checks the journal
+// before it writes the ring).
+var checkBeside = true
+
+// checkDurable starts the checks a batch made durable the way way needs:
+// the ledger's when checkFiles let the batch through (due), and the
+// journal's for the ring. The caller receives their result from the
+// channel once the batch's fsync is done; nil when nothing is to be
+// checked. The leader calls it, under the ledger lock.
+func (r *Run) checkDurable(way int) <-chan error {
+	ledger, journal := r.ids.due, checkBeside && way == wayRing && r.ids.wal != (fileID{})
+	r.ids.due = false
+	if !ledger && !journal {
+		return nil
+	}
+	ch := make(chan error, 1)
+	go func() {
+		var err error
+		if ledger {
+			err = r.checkFile(ledgerFile, r.ids.ledger)
+		}
+		if err == nil && journal {
+			err = r.checkJournal()
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+// checkJournal is checkFiles for logs/ledger.wal, for a batch that the
+// ring alone will hold durably (checkDurable).
 func (r *Run) checkJournal() error { return r.checkFile(walFile, r.ids.wal) }
 
 func (r *Run) checkFile(rel string, id fileID) error {

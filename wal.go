@@ -328,7 +328,14 @@ func (r *Run) makeDurable(b, span []byte, pos chain) error {
 		}
 	}
 	t := time.Now()
-	if err := r.syncBatch(way, b, span, pos); err != nil {
+	check := r.checkDurable(way) // beside the fsync: see checkFiles
+	err := r.syncBatch(way, b, span, pos)
+	if check != nil {
+		if cerr := <-check; cerr != nil {
+			return cerr // replaced under this session: nothing of the batch is acknowledged
+		}
+	}
+	if err != nil {
 		return err
 	}
 	if j.f != nil && j.note(way, time.Since(t)) {
@@ -350,8 +357,10 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 		j.synced, j.covered = end, end
 		return nil
 	}
-	if err := r.checkJournal(); err != nil {
-		return err // replaced under this session: see filecheck.go
+	if !checkBeside {
+		if err := r.checkJournal(); err != nil {
+			return err
+		}
 	}
 	data := b
 	if span != nil {
