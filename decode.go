@@ -65,7 +65,13 @@ const (
 // false when the line is not in the form the fast path reads; r is then
 // in an unspecified state.
 func (d *decoder) decodeFast(line []byte, prev string, r *Record) (ok bool) {
-	p := parser{b: line, plain: plainLine(line)}
+	return d.decodeFastPlain(line, prev, r, plainLine(line))
+}
+
+// decodeFastPlain is decodeFast for a line whose plainLine the caller
+// knows (replay's line source computes it ahead: lines.go).
+func (d *decoder) decodeFastPlain(line []byte, prev string, r *Record, plain bool) (ok bool) {
+	p := parser{b: line, plain: plain}
 	p.ws()
 	if !p.byte('{') {
 		return false

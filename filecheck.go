@@ -15,6 +15,10 @@ import (
 // after that would be lost.
 type fileIDs struct {
 	ledger, wal fileID
+	// due: checkFiles let a batch that asks for an fsync through, and
+	// makeDurable checks the ledger (and, for the ring, the journal)
+	// while the batch's fsync runs (checkDurable).
+	due bool
 }
 
 // fileID identifies an open file: device and inode where the system has
@@ -31,19 +35,68 @@ type fileID struct {
 // the session has open.
 var errReplaced = errors.New("it is no longer the file this session opened (deleted, renamed or replaced?)")
 
-// checkJournal is checkFile for logs/ledger.wal: syncBatch calls it before
-// it writes a batch into the ring, which alone then holds it durably.
+// checkBatch is the check of the ledger for a batch that acknowledges a
+// record durably (one that asks for an fsync: a Complete, an Effect's
+// intent, a Close ...): Batch.Sync runs it under the ledger lock, before
+// any of the batch's records is acknowledged: one statx (or lstat). A
+// batch of begins alone, which acknowledges nothing durably, is not
+// checked: the complete after it is. The journal is checked only when a
+// batch is to be made durable in it: one made durable by the ledger's own
+// fdatasync does not depend on it.
+//
+// When the batch will be made durable (not NoSync), the check runs in
+// makeDurable, beside the batch's fsync (checkDurable), not here: a statx
+// walks a path, 2-3 µs each on the development machine, which the fsync's
+// wait hides. If it fails, none of the batch's records is acknowledged and
+// the Run is read-only, as when an fsync fails, and the bytes went to the
+// file the session has open, which nobody reads. Without an fsync
+// (NoSync) it checks here.
+func (s *dirStore) checkBatch() error {
+	if checkBeside && !s.opts.NoSync && s.ids.ledger != (fileID{}) {
+		s.ids.due = true
+		return nil
+	}
+	return s.checkFile(ledgerFile, s.ids.ledger)
+}
+
+// checkBeside lets checkBatch and checkJournal run beside the batch's
+// fsync (BenchmarkCheckpointCheckBeside turns it off to compare: then
+// they run before the batch is made durable, and syncBatch checks the
+// journal before it writes the ring).
+var checkBeside = true
+
+// checkDurable starts the checks a batch made durable the way way needs:
+// the ledger's when checkBatch let the batch through (due), and the
+// journal's for the ring. The caller receives their result from the
+// channel once the batch's fsync is done; nil when nothing is to be
+// checked. The leader calls it, under the ledger lock.
+func (s *dirStore) checkDurable(way int) <-chan error {
+	ledger, journal := s.ids.due, checkBeside && way == wayRing && s.ids.wal != (fileID{})
+	s.ids.due = false
+	if !ledger && !journal {
+		return nil
+	}
+	ch := make(chan error, 1)
+	go func() {
+		var err error
+		if ledger {
+			err = s.checkFile(ledgerFile, s.ids.ledger)
+		}
+		if err == nil && journal {
+			err = s.checkJournal()
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+// checkJournal is checkFile for logs/ledger.wal, for a batch that the
+// ring alone will hold durably (checkDurable).
 func (s *dirStore) checkJournal() error { return s.checkFile(walFile, s.ids.wal) }
 
-// checkFile reports, as a sticky WriteError naming the file, a file (the
-// ledger: rel, id) whose path no longer leads to the file the session
-// appends to. Batch.Sync runs it for the ledger before every batch that
-// acknowledges a record durably (one that asks for an fsync: a Complete,
-// an Effect's intent, a Close ...), under the ledger lock, before the
-// fsync: one statx (or lstat). A batch of begins alone, which acknowledges
-// nothing durably, is not checked: the complete after it is. The journal
-// is checked by checkJournal, only when a batch is to be made durable in
-// it: one made durable by the ledger's own fdatasync does not depend on it.
+// checkFile reports, as a sticky WriteError naming the file, a file (rel,
+// opened as id) whose path no longer leads to the file the session
+// appends to (see checkBatch).
 func (s *dirStore) checkFile(rel string, id fileID) error {
 	if id == (fileID{}) {
 		return nil

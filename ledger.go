@@ -155,9 +155,41 @@ func lineHash(line []byte) string {
 // would read another field). A line with a crc field must end with it, as
 // written, and match it (checkCRC).
 func (d *decoder) parse(line []byte, prev string, r *Record) error {
+	return d.parseChecked(line, prev, r, lineFacts{})
+}
+
+// lineFacts are what replay's line source found out about a line (without
+// its '\n') ahead of decoding, on another core (lines.go): its hash
+// always, the rest when ahead is set.
+type lineFacts struct {
+	hash  string // lineHash
+	ahead bool   // crc and plain hold
+	crc   bool   // crcOK: the line ends with a crc field, as written, that matches
+	plain bool   // plainLine
+}
+
+// factsAhead lets the line source compute crc and plain ahead (tests and
+// BenchmarkReplayFactsAhead turn it off to compare both ways).
+var factsAhead = true
+
+// factsOf computes lineFacts for line (without its '\n').
+func factsOf(line []byte) lineFacts {
+	if !factsAhead {
+		return lineFacts{hash: lineHash(line)}
+	}
+	return lineFacts{hash: lineHash(line), ahead: true, crc: crcOK(line), plain: plainLine(line)}
+}
+
+// parseChecked is parse for a line whose facts the caller has: with them
+// ahead, the checksum and plainLine are not computed again. facts.hash is
+// not used.
+func (d *decoder) parseChecked(line []byte, prev string, r *Record, facts lineFacts) error {
 	*r = Record{}
 	d.crc = false
-	if !d.decodeFast(line, prev, r) {
+	if !facts.ahead {
+		facts.plain = plainLine(line)
+	}
+	if !d.decodeFastPlain(line, prev, r, facts.plain) {
 		*r = Record{}
 		if err := json.Unmarshal(line, r); err != nil {
 			return fmt.Errorf("not a JSON record: %v", err)
@@ -168,7 +200,7 @@ func (d *decoder) parse(line []byte, prev string, r *Record) error {
 		}
 		d.crc = crc
 	}
-	if d.crc {
+	if d.crc && !(facts.ahead && facts.crc) {
 		if err := checkCRC(line); err != nil {
 			return err
 		}
@@ -208,7 +240,7 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 	defer src.stop()
 	p := replayer{path: path, c: c, apply: apply}
 	for {
-		line, hash, rerr := src.next()
+		line, facts, rerr := src.next()
 		if rerr == errLineTooLong {
 			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
 				Err: fmt.Errorf("line longer than %d bytes", maxLine)}
@@ -222,7 +254,7 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 		if rerr != nil {
 			return -1, fmt.Errorf("runstate: read %s: %w", path, rerr)
 		}
-		if err := p.step(line[:len(line)-1], hash); err != nil {
+		if err := p.step(line[:len(line)-1], facts); err != nil {
 			return -1, err
 		}
 	}
@@ -241,12 +273,13 @@ type replayer struct {
 }
 
 // line checks and applies one line without its '\n'.
-func (p *replayer) line(body []byte) error { return p.step(body, lineHash(body)) }
+func (p *replayer) line(body []byte) error { return p.step(body, lineFacts{hash: lineHash(body)}) }
 
-// step is line for a line whose chain hash is known.
-func (p *replayer) step(body []byte, hash string) error {
+// step is line for a line whose facts (its chain hash, maybe more: see
+// parseChecked) are known.
+func (p *replayer) step(body []byte, facts lineFacts) error {
 	c := p.c
-	if perr := p.d.parse(body, c.hash, &p.rec); perr != nil {
+	if perr := p.d.parseChecked(body, c.hash, &p.rec, facts); perr != nil {
 		return &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
 	}
 	if c.crc && !p.d.crc {
@@ -262,7 +295,7 @@ func (p *replayer) step(body []byte, hash string) error {
 		}
 	}
 	c.seq = p.rec.Seq
-	c.hash = hash
+	c.hash = facts.hash
 	c.offset += int64(len(body) + 1)
 	c.crc = p.d.crc
 	return nil

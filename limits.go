@@ -156,6 +156,18 @@ func checkCRC(line []byte) error {
 	return nil
 }
 
+// crcOK reports whether checkCRC accepts line, without making an error:
+// replay's line source computes it ahead of decoding (lines.go), and
+// parseChecked then checks no crc again.
+func crcOK(line []byte) bool {
+	n := len(line) - crcSuffix
+	if n < 1 || string(line[n:n+len(crcField)]) != crcField || string(line[len(line)-2:]) != `"}` {
+		return false
+	}
+	var got [crcSuffix]byte
+	return string(appendCRC(got[:0], line[:n])) == string(line[n:])
+}
+
 // Known fields, for the exact-key rule: encoding/json matches a key to a
 // field without regard to case (and with Unicode folding: "ſeq" is seq),
 // jq and most other readers do not, so a key that differs from a known

@@ -12,15 +12,16 @@ import (
 // maxLine; replay turns it into a *CorruptError.
 var errLineTooLong = errors.New("runstate: ledger line too long")
 
-// lineSource yields the lines of a ledger for replay, each with its chain
-// hash, so that hashing can run ahead of decoding on another core.
+// lineSource yields the lines of a ledger for replay, each with its facts
+// (its chain hash, whether its checksum matches, whether it is plain), so
+// that hashing and checksumming can run ahead of decoding on another core.
 type lineSource interface {
-	// next returns the next line with its '\n' and the lineHash of the
-	// line without it. At the end it returns what follows the last '\n'
-	// (maybe nothing), no hash and io.EOF; on a failed read or a line
-	// longer than maxLine, an error. The line is valid until the next
-	// call.
-	next() (line []byte, hash string, err error)
+	// next returns the next line with its '\n' and the facts of the line
+	// without it (factsOf). At the end it returns what follows the last
+	// '\n' (maybe nothing), no facts and io.EOF; on a failed read or a
+	// line longer than maxLine, an error. The line is valid until the
+	// next call.
+	next() (line []byte, facts lineFacts, err error)
 	// stop ends the source; the reader is not read after stop returns.
 	stop()
 }
@@ -74,13 +75,13 @@ type syncLines struct {
 	long []byte // a line longer than the buffer, gathered here
 }
 
-func (s *syncLines) next() ([]byte, string, error) {
+func (s *syncLines) next() ([]byte, lineFacts, error) {
 	for {
 		line, err := s.br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			s.long = append(s.long, line...)
 			if len(s.long) > maxLine {
-				return nil, "", errLineTooLong
+				return nil, lineFacts{}, errLineTooLong
 			}
 			continue
 		}
@@ -89,9 +90,9 @@ func (s *syncLines) next() ([]byte, string, error) {
 			s.long = nil
 		}
 		if err != nil {
-			return line, "", err
+			return line, lineFacts{}, err
 		}
-		return line, lineHash(line[:len(line)-1]), nil
+		return line, factsOf(line[:len(line)-1]), nil
 	}
 }
 
@@ -99,10 +100,10 @@ func (s *syncLines) stop() {}
 
 // lineBatch is a run of lines read and hashed ahead of the caller.
 type lineBatch struct {
-	buf    []byte   // the lines, one after the other
-	ends   []int    // where each line ends in buf
-	hashes []string // each line's hash
-	err    error    // returned with the last line
+	buf   []byte      // the lines, one after the other
+	ends  []int       // where each line ends in buf
+	facts []lineFacts // each line's
+	err   error       // returned with the last line
 }
 
 // asyncLines reads and hashes lines on a goroutine of its own, a few
@@ -122,15 +123,15 @@ func (a *asyncLines) run(src *syncLines) {
 		var b *lineBatch
 		select {
 		case b = <-a.free:
-			b.buf, b.ends, b.hashes = b.buf[:0], b.ends[:0], b.hashes[:0]
+			b.buf, b.ends, b.facts = b.buf[:0], b.ends[:0], b.facts[:0]
 		default:
 			b = &lineBatch{buf: make([]byte, 0, 256<<10)}
 		}
 		for len(b.ends) < 1024 && len(b.buf) < 256<<10 {
-			line, hash, err := src.next()
+			line, facts, err := src.next()
 			b.buf = append(b.buf, line...)
 			b.ends = append(b.ends, len(b.buf))
-			b.hashes = append(b.hashes, hash)
+			b.facts = append(b.facts, facts)
 			if err != nil {
 				b.err = err
 				break
@@ -147,7 +148,7 @@ func (a *asyncLines) run(src *syncLines) {
 	}
 }
 
-func (a *asyncLines) next() ([]byte, string, error) {
+func (a *asyncLines) next() ([]byte, lineFacts, error) {
 	if a.cur == nil || a.k == len(a.cur.ends) {
 		if a.cur != nil {
 			select {
@@ -162,12 +163,12 @@ func (a *asyncLines) next() ([]byte, string, error) {
 	if a.k > 0 {
 		start = b.ends[a.k-1]
 	}
-	line, hash := b.buf[start:b.ends[a.k]], b.hashes[a.k]
+	line, facts := b.buf[start:b.ends[a.k]], b.facts[a.k]
 	a.k++
 	if a.k == len(b.ends) && b.err != nil {
-		return line, hash, b.err
+		return line, facts, b.err
 	}
-	return line, hash, nil
+	return line, facts, nil
 }
 
 func (a *asyncLines) stop() {

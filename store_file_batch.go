@@ -92,7 +92,7 @@ func (b *dirBatch) Sync(ctx context.Context) error {
 	if b.lines == nil {
 		return nil
 	}
-	if err := s.checkFile(ledgerFile, s.ids.ledger); err != nil {
+	if err := s.checkBatch(); err != nil { // beside the fsync, where there is one
 		return err
 	}
 	if s.opts.NoSync {

@@ -325,7 +325,14 @@ func (s *dirStore) makeDurable(b, span []byte, pos chain) error {
 		}
 	}
 	t := time.Now()
-	if err := s.syncBatch(way, b, span, pos); err != nil {
+	check := s.checkDurable(way) // beside the fsync: see checkFiles
+	err := s.syncBatch(way, b, span, pos)
+	if check != nil {
+		if cerr := <-check; cerr != nil {
+			return cerr // replaced under this session: nothing of the batch is acknowledged
+		}
+	}
+	if err != nil {
 		return err
 	}
 	if j.f != nil && j.note(way, time.Since(t)) {
@@ -347,8 +354,10 @@ func (s *dirStore) syncBatch(way int, b, span []byte, pos chain) error {
 		j.synced, j.covered = end, end
 		return nil
 	}
-	if err := s.checkJournal(); err != nil {
-		return err // replaced under this session: see filecheck.go
+	if !checkBeside {
+		if err := s.checkJournal(); err != nil {
+			return err
+		}
 	}
 	data := b
 	if span != nil {
