@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -26,6 +27,7 @@ type outputs struct {
 	fast    outputDirs  // on Linux, the directories write works in
 	perm    fs.FileMode // a new output's mode (the ledger's bits: pathguard)
 	session string      // names temp files
+	closing sync.Once
 }
 
 // openOutputs opens the local directory dir (which exists) for session,
@@ -44,14 +46,18 @@ func openOutputs(dir, session string, perm fs.FileMode) (*outputs, error) {
 	return o, nil
 }
 
-// close closes the directory; a second call does nothing.
+// close closes the directory; a second call does nothing. A WriteFile
+// or hash still under way fails on the closed descriptors (Stage.closedOr
+// makes that ErrClosed): the fields stay as they are, so that it does not
+// race with close.
 func (o *outputs) close() {
-	if o == nil || o.root == nil {
+	if o == nil {
 		return
 	}
-	o.root.Close()
-	o.fast.close()
-	o.root = nil
+	o.closing.Do(func() {
+		o.root.Close()
+		o.fast.close()
+	})
 }
 
 // path returns rel inside the directory, absolute.
