@@ -376,3 +376,41 @@ func testPowerLoss(t *testing.T, h Harness) {
 		}
 	}
 }
+
+// testStoreReaders: the store-generic readers, on a Store that no session
+// opened, see what a full replay of the ledger sees, while a session is
+// open and after it closed.
+func testStoreReaders(t *testing.T, h Harness) {
+	r := h.(Reader)
+	ctx := testContext(t)
+	a := open(t, h)
+	if err := a.Plan(ctx, "s1", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Do(ctx, "s1", func(context.Context, *runstate.Stage) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	begin(t, ctx, a, "s2")
+	for round := range 2 {
+		s := r.Store(t)
+		got, err := runstate.InspectStore(ctx, s)
+		if err != nil {
+			t.Fatalf("InspectStore on %s: %v", s, err)
+		}
+		if g, w := comparable(t, got), comparable(t, replay(t, h.Lines(t))); g != w {
+			t.Errorf("round %d: InspectStore differs from a full replay of the lines:\nstore:    %s\nreplayed: %s", round, g, w)
+		}
+		rep, err := runstate.VerifyStore(ctx, s, t.TempDir())
+		if err != nil {
+			t.Fatalf("VerifyStore on %s: %v", s, err)
+		}
+		for _, p := range rep.Problems {
+			if p.Line != 0 || p.File == s.String() {
+				t.Errorf("round %d: VerifyStore: %s", round, p)
+			}
+		}
+		if round == 0 {
+			closeRun(t, a)
+		}
+	}
+}

@@ -55,6 +55,9 @@
 //   - LedgerVerifies: the run's lines, written to logs/ledger.jsonl in a
 //     directory of their own, pass runstate.Verify with no problem in the
 //     ledger: a store's ledger can always be exported as a run directory.
+//   - StoreReaders (only when the Harness is a Reader): InspectStore on
+//     a Store no session opened equals a full replay of the lines, and
+//     VerifyStore finds no problem in the records.
 //   - PowerLoss (only when the Harness is a PowerLosser): after a power
 //     loss every acknowledged record is still there, in a chain that
 //     verifies, and the run opens and goes on.
@@ -65,6 +68,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -118,6 +122,32 @@ type PowerLosser interface {
 	PowerLoss(t testing.TB)
 }
 
+// A Reader is a Harness that also hands out a runstate.Store on its run
+// that no session opened, as a status command reads a run: the suite then
+// checks that the store-generic readers (runstate.InspectStore,
+// runstate.VerifyStore) see what a full replay of the ledger sees.
+type Reader interface {
+	Harness
+	Store(t testing.TB) runstate.Store
+}
+
+// ReadLines returns the lines of the run that s holds, read with
+// s.Read from the start, each without its '\n': a Harness's Lines for a
+// store whose Read passes every line (a torn tail left out). It fails t
+// when the read fails. Safe for concurrent use as Store.Read is.
+func ReadLines(t testing.TB, s runstate.Store) [][]byte {
+	t.Helper()
+	var lines [][]byte
+	_, err := s.Read(context.Background(), runstate.Position{}, func(line []byte) error {
+		lines = append(lines, bytes.Clone(line))
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read the lines of %s: %v", s, err)
+	}
+	return lines
+}
+
 // Run runs the conformance suite on the store that newHarness opens,
 // each check as a subtest of t (t.Run), in parallel. It returns when all
 // are done; failures are reported through t, each naming the guarantee
@@ -137,16 +167,20 @@ func Run(t *testing.T, newHarness Factory) {
 		{"RoundTrips", testRoundTrips},
 		{"SnapshotAndTail", testSnapshotAndTail},
 		{"LedgerVerifies", testLedgerVerifies},
+		{"StoreReaders", testStoreReaders},
 		{"PowerLoss", testPowerLoss},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			if tc.name == "PowerLoss" {
-				if _, ok := h.(PowerLosser); !ok {
-					t.Skip("the harness is not a PowerLosser")
-				}
+			_, lossy := h.(PowerLosser)
+			_, reader := h.(Reader)
+			switch {
+			case tc.name == "PowerLoss" && !lossy:
+				t.Skip("the harness is not a PowerLosser: it cannot simulate a power loss")
+			case tc.name == "StoreReaders" && !reader:
+				t.Skip("the harness is not a Reader: it hands out no Store to read")
 			}
 			tc.fn(t, h)
 			if !t.Failed() {

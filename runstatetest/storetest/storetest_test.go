@@ -16,8 +16,10 @@ import (
 type dirHarness struct{ dir string }
 
 func (h dirHarness) Open(_ testing.TB, opts *runstate.Options) (*runstate.Run, error) {
-	return runstate.Open(h.dir, opts)
+	return runstate.OpenStore(runstate.NewFileStore(h.dir, opts), h.dir, opts)
 }
+
+func (h dirHarness) Store(testing.TB) runstate.Store { return runstate.NewFileStore(h.dir, nil) }
 
 func (h dirHarness) Crash(_ testing.TB, run *runstate.Run) { runstatetest.Crash(run) }
 
