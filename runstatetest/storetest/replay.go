@@ -339,6 +339,7 @@ func testPowerLoss(t *testing.T, h Harness) {
 	acked := h.Lines(t) // each ends in an acknowledged record
 	begin(t, ctx, a, "s2")
 	begin(t, ctx, b, "s3")
+	before := len(h.Lines(t))
 	pl.PowerLoss(t)
 
 	for _, run := range []*runstate.Run{a, b} {
@@ -347,6 +348,7 @@ func testPowerLoss(t *testing.T, h Harness) {
 		}
 	}
 	after := h.Lines(t)
+	t.Logf("the power loss kept %d of %d lines (%d acknowledged)", len(after), before, len(acked))
 	if len(after) < len(acked) {
 		t.Fatalf("after the power loss the ledger has %d lines, %d were acknowledged", len(after), len(acked))
 	}
