@@ -251,6 +251,10 @@ func chain(t *testing.T, lines [][]byte) []runstate.Record {
 				t.Errorf("ledger line %d has seq %d, want %d (a gap, a seq used twice, or lines out of order)", i+1, rec.Seq, i+1)
 				bad++
 			}
+			if rec.Ev == "create" && i > 0 {
+				t.Errorf("ledger line %d is a second create record: two sessions created the run", i+1)
+				bad++
+			}
 			if rec.Prev != prev {
 				t.Errorf("ledger line %d (seq %d): prev %q is not the SHA-256 of line %d (%q): the hash chain is broken", i+1, rec.Seq, rec.Prev, i, prev)
 				bad++
