@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,7 +110,7 @@ func (m *MemStore) Crash() {
 	for _, line := range m.lines[m.durable:] {
 		m.end -= int64(len(line))
 	}
-	m.lines = m.lines[:m.durable]
+	m.lines = slices.Clip(m.lines[:m.durable]) // readers may hold the rest
 	if m.snapAt.Seq > int64(m.durable) {
 		m.manifest, m.snapAt = nil, runstate.Position{}
 	}
