@@ -380,8 +380,9 @@ func testPowerLoss(t *testing.T, h Harness) {
 }
 
 // testStoreReaders: the store-generic readers, on a Store that no session
-// opened, see what a full replay of the ledger sees, while a session is
-// open and after it closed.
+// opened, read a consistent prefix while sessions append, and see what a
+// full replay of the ledger sees while a session is open and after it
+// closed.
 func testStoreReaders(t *testing.T, h Harness) {
 	r := h.(Reader)
 	ctx := testContext(t)
@@ -389,6 +390,45 @@ func testStoreReaders(t *testing.T, h Harness) {
 	if err := a.Plan(ctx, "s1", "s2"); err != nil {
 		t.Fatal(err)
 	}
+
+	// Readers while two sessions append: every read is a valid prefix.
+	stop := make(chan struct{})
+	readErr := make(chan error, 1)
+	reads := 0
+	go func() {
+		defer close(readErr)
+		for last := int64(0); ; reads++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st, err := runstate.InspectStore(ctx, r.Store(t))
+			if err == nil && st.Seq < last {
+				err = fmt.Errorf("a read ended at seq %d after one that reached seq %d", st.Seq, last)
+			}
+			if err != nil {
+				readErr <- err
+				return
+			}
+			last = st.Seq
+		}
+	}()
+	b := open(t, h)
+	fanOut(t, []*runstate.Run{a, b}, 2, func(i, w int, run *runstate.Run) error {
+		for j := range 5 {
+			if err := run.Do(ctx, fmt.Sprintf("r%d-%d-%d", i, w, j), func(context.Context, *runstate.Stage) error { return nil }); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	close(stop)
+	if err := <-readErr; err != nil {
+		t.Errorf("InspectStore while sessions append (read %d): %v", reads+1, err)
+	}
+	closeRun(t, b)
+
 	if err := a.Do(ctx, "s1", func(context.Context, *runstate.Stage) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
