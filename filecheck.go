@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"slices"
 )
 
 // fileIDs are the files a session appends to, as it opened them: the
@@ -41,23 +40,16 @@ var errReplaced = errors.New("it is no longer the file this session opened (dele
 // after it is. The journal is checked by checkJournal, only when a batch is
 // to be made durable in it: one made durable by the ledger's own fdatasync
 // does not depend on it.
-func (r *Run) checkFiles(batch []*tx) error {
-	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
-		return nil
-	}
-	return r.checkFile(ledgerFile, r.ids.ledger)
-}
-
 // checkJournal is checkFiles for logs/ledger.wal: syncBatch calls it before
 // it writes a batch into the ring, which alone then holds it durably.
-func (r *Run) checkJournal() error { return r.checkFile(walFile, r.ids.wal) }
+func (s *dirStore) checkJournal() error { return s.checkFile(walFile, s.ids.wal) }
 
-func (r *Run) checkFile(rel string, id fileID) error {
+func (s *dirStore) checkFile(rel string, id fileID) error {
 	if id == (fileID{}) {
 		return nil
 	}
-	p := r.path(rel)
-	same, err := r.pathIs(rel, id)
+	p := s.path(rel)
+	same, err := s.pathIs(rel, id)
 	if err == nil && same {
 		return nil
 	}

@@ -283,14 +283,14 @@ func nextStepsSeq(p string) (int64, error) {
 // checkArtifacts checks every artifact of st against its recorded hash in
 // the local directory dir.
 func checkArtifacts(dir string, st *state) ([]Problem, error) {
-	root, err := os.OpenRoot(dir)
+	out, err := openOutputs(dir, "", 0)
 	if err != nil {
 		return nil, err
 	}
-	defer root.Close()
+	defer out.close()
 	var probs []Problem
 	for _, a := range st.artifacts(st.stageNames()) {
-		if why := checkOutputsIn(root, []Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
+		if why := out.check([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
 			probs = append(probs, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
 				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
 				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})

@@ -7,12 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
-	"os"
 	"os/user"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -208,19 +205,6 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 	return ev, nil
 }
 
-func hashFile(p string) (string, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // afterFingerprint is the fingerprint of a done stage's outputs: it changes
 // when the stage is redone with other results, and only then. A stage
 // redone (its inputs changed, or an operator invalidated it) that produces
@@ -275,44 +259,6 @@ func staleReason(recorded, current map[string]string) string {
 	return ""
 }
 
-// checkOutputs hashes a done stage's recorded outputs and says which one
-// is missing or altered, or "" when all are as recorded.
-func (r *Run) checkOutputs(outs []Output) string { return checkOutputsIn(r.root, outs) }
-
-// checkOutputsIn is checkOutputs for the run directory root.
-func checkOutputsIn(root *os.Root, outs []Output) string {
-	for _, o := range outs {
-		sum, size, err := hashIn(root, o.Path)
-		switch {
-		case isNotExist(err):
-			return fmt.Sprintf("output %s missing", o.Path)
-		case err != nil:
-			return fmt.Sprintf("output %s unreadable: %v", o.Path, err)
-		case sum != o.SHA256 || size != o.Size:
-			return fmt.Sprintf("output %s altered (sha256:%.12s, want sha256:%.12s)", o.Path, sum, o.SHA256)
-		}
-	}
-	return ""
-}
-
-func (r *Run) hashOutput(rel string) (string, int64, error) { return hashIn(r.root, rel) }
-
-// hashIn returns the hex SHA-256 and the size of the regular file rel in
-// root.
-func hashIn(root *os.Root, rel string) (string, int64, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return root.OpenFile(filepath.FromSlash(rel), flag, 0) })
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
 // errRecheck makes Begin look at the outputs again: the stage changed
 // between the look outside the lock and the decision under it.
 var errRecheck = errors.New("runstate: stage changed; check again")
@@ -360,7 +306,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		r.stMu.RUnlock()
 		outReason := ""
 		if seen != 0 {
-			outReason = r.checkOutputs(outs)
+			outReason = r.out.check(outs)
 		}
 		var fps map[string]string
 		var attempt int
@@ -428,9 +374,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			continue
 		}
 		if errors.Is(err, ErrDone) {
-			r.mu.Lock()
-			r.skipped++
-			r.mu.Unlock()
+			r.c.mu.Lock()
+			r.c.skipped++
+			r.c.mu.Unlock()
 			r.noticeDone(name, attempt, why)
 		}
 		if err != nil {
@@ -475,40 +421,6 @@ func (st *Stage) Attempt() int { return st.attempt }
 // Run returns the run the stage belongs to. Safe for concurrent use.
 func (st *Stage) Run() *Run { return st.run }
 
-// rel checks that p names a file inside the run directory and returns it
-// relative to the run directory, with forward slashes.
-func (r *Run) rel(p string) (string, error) {
-	if p == "" {
-		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
-	}
-	if strings.IndexByte(p, 0) >= 0 {
-		return "", fmt.Errorf("%w: output path %q has a NUL byte, which no file system takes in a name", ErrInvalid, p)
-	}
-	if !utf8.ValidString(p) {
-		// The ledger would record it altered (JSON), and a later session
-		// would find the output missing and redo the stage every time.
-		return "", fmt.Errorf("%w: output path %q is not valid UTF-8", ErrInvalid, p)
-	}
-	if filepath.IsAbs(p) {
-		rel, err := filepath.Rel(r.abs, p)
-		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-			return "", fmt.Errorf("%w: output %s is outside the run directory %s", ErrInvalid, p, r.dir)
-		}
-		p = rel
-	}
-	p = filepath.ToSlash(filepath.Clean(p))
-	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
-		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, r.dir)
-	}
-	if ownPath(p) {
-		return "", fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, p)
-	}
-	if c := reservedName(p); c != "" {
-		return "", fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, p, c)
-	}
-	return p, nil
-}
-
 func (st *Stage) check() error {
 	if st.ended {
 		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
@@ -547,59 +459,15 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 	if err := st.check(); err != nil {
 		return err
 	}
-	rel, err := st.run.rel(path)
+	rel, err := st.run.out.rel(path)
 	if err != nil {
 		return err
 	}
-	if err := st.run.writeOutput(rel, data); err != nil {
+	if err := st.run.out.write(rel, data); err != nil {
 		return st.closedOr(err)
 	}
 	h := sha256.Sum256(data)
 	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
-	return nil
-}
-
-// writeOutput writes an output through the run's os.Root: a symbolic link
-// that leads out of the run directory is refused.
-func (r *Run) writeOutput(rel string, data []byte) (err error) {
-	name := r.session + "-" + randomHex(8)
-	perm := outputPerm(r.fs)
-	if r.out.write(rel, name, data, perm) {
-		return nil
-	}
-	// os.Root follows a link inside the run: not one to runstate's files.
-	if err := r.checkLanding(rel, false); err != nil {
-		return err
-	}
-	native := filepath.FromSlash(rel)
-	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
-	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-	if err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			r.root.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	err = r.root.Rename(tmp, native)
-	if dir := filepath.Dir(native); err != nil && dir != "." && errors.Is(err, fs.ErrNotExist) {
-		// The directory is made only when it is missing: a checkpoint
-		// spends no system call on one that exists.
-		if err = r.root.MkdirAll(dir, 0o755); err == nil {
-			err = r.root.Rename(tmp, native)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
 	return nil
 }
 
@@ -630,20 +498,20 @@ func (st *Stage) Output(path string) error {
 	if err := st.check(); err != nil {
 		return err
 	}
-	rel, err := st.run.rel(path)
+	rel, err := st.run.out.rel(path)
 	if err != nil {
 		return err
 	}
 	// Refuse now, not only at Complete, a path that leads out of the run
 	// directory through a symbolic link (the file itself, or a directory
 	// on the way). A file that does not exist yet is checked at Complete.
-	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
+	if err := st.run.out.stat(rel); err != nil {
 		if cerr := st.run.checkOpen(); cerr != nil {
 			return cerr
 		}
 		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
 	}
-	if err := st.run.checkLanding(rel, true); err != nil {
+	if err := st.run.out.checkLanding(rel, true); err != nil {
 		return err
 	}
 	if !slices.Contains(st.declared, rel) {
@@ -657,10 +525,10 @@ func (st *Stage) Output(path string) error {
 func (st *Stage) collectOutputs() ([]Output, error) {
 	outs := maps.Clone(st.outputs)
 	for _, rel := range st.declared {
-		if err := st.run.checkLanding(rel, true); err != nil { // a link made since Output
+		if err := st.run.out.checkLanding(rel, true); err != nil { // a link made since Output
 			return nil, fmt.Errorf("runstate: stage %s: %w", st.name, err)
 		}
-		sum, size, err := st.run.hashOutput(rel)
+		sum, size, err := st.run.out.hash(rel)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil, fmt.Errorf("runstate: stage %s: output %s does not exist: write it before Complete, or do not declare it with Output", st.name, rel)

@@ -269,19 +269,19 @@ func parseMark(slot []byte) (m walMark, ok bool) {
 // file of walSize zeros, fsync'd, renamed into place and its name made
 // durable, so that overwriting it never changes its size. The caller
 // holds the ledger lock.
-func (r *Run) openJournal() error {
-	p := r.path(walFile)
-	f, size, err := openWAL(r.fs, p, os.O_RDWR)
+func (s *dirStore) openJournal() error {
+	p := s.path(walFile)
+	f, size, err := openWAL(s.fs, p, os.O_RDWR)
 	if isNotExist(err) {
-		if err := writeAtomic(r.fs, r.path(tmpDir), r.sessionOrNone(), p, make([]byte, walSize), !r.opts.NoSync); err != nil {
+		if err := writeAtomic(s.fs, s.path(tmpDir), s.sessionOrNone(), p, make([]byte, walSize), !s.opts.NoSync); err != nil {
 			return fmt.Errorf("runstate: create %s: %w", p, err)
 		}
-		f, size, err = openWAL(r.fs, p, os.O_RDWR)
+		f, size, err = openWAL(s.fs, p, os.O_RDWR)
 	}
 	if err != nil {
 		return err
 	}
-	r.wal = journal{f: f, ring: size - walHeader, best: wayRing, last: wayLedger}
+	s.wal = journal{f: f, ring: size - walHeader, best: wayRing, last: wayLedger}
 	return nil
 }
 
@@ -314,13 +314,13 @@ func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
 // header slot, and fdatasyncing the journal; or, when the ring cannot
 // take them, by fdatasyncing the ledger. The caller holds the ledger lock
 // and is the leader; side writers may append meanwhile, after pos.
-func (r *Run) makeDurable(b, span []byte, pos chain) error {
-	j := &r.wal
+func (s *dirStore) makeDurable(b, span []byte, pos chain) error {
+	j := &s.wal
 	end := pos.offset
 	start := end - int64(len(b))
 	way := wayLedger
 	if j.f != nil && j.covered <= start && end-j.covered <= j.ring && end-j.ring <= j.synced {
-		switch r.opts.durable {
+		switch s.opts.durable {
 		case durableMeasured:
 			way = j.pick()
 		case durableRingOnly:
@@ -328,29 +328,29 @@ func (r *Run) makeDurable(b, span []byte, pos chain) error {
 		}
 	}
 	t := time.Now()
-	if err := r.syncBatch(way, b, span, pos); err != nil {
+	if err := s.syncBatch(way, b, span, pos); err != nil {
 		return err
 	}
 	if j.f != nil && j.note(way, time.Since(t)) {
-		r.log.Debug("runstate: a batch is made durable the other way now", "ring", j.best == wayRing,
+		s.log.Debug("runstate: a batch is made durable the other way now", "ring", j.best == wayRing,
 			"ledger_fdatasync", j.cost[wayLedger], "ring_fdatasync", j.cost[wayRing])
 	}
 	return nil
 }
 
 // syncBatch makes the batch durable the way makeDurable chose.
-func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
-	j := &r.wal
+func (s *dirStore) syncBatch(way int, b, span []byte, pos chain) error {
+	j := &s.wal
 	end := pos.offset
 	start := end - int64(len(b))
 	if way == wayLedger {
-		if err := r.ledger.Sync(); err != nil {
-			return &WriteError{Path: r.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
+		if err := s.ledger.Sync(); err != nil {
+			return &WriteError{Path: s.path(ledgerFile), Op: "sync", Sticky: true, Err: err}
 		}
 		j.synced, j.covered = end, end
 		return nil
 	}
-	if err := r.checkJournal(); err != nil {
+	if err := s.checkJournal(); err != nil {
 		return err // replaced under this session: see filecheck.go
 	}
 	data := b
@@ -361,14 +361,14 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 		// other processes' appends): the ring must hold them too, or a
 		// restore would stop at the gap.
 		data = make([]byte, end-j.covered)
-		if _, err := r.ledger.ReadAt(data[:start-j.covered], j.covered); err != nil {
-			return &WriteError{Path: r.path(ledgerFile), Op: "read", Sticky: true, Err: err}
+		if _, err := s.ledger.ReadAt(data[:start-j.covered], j.covered); err != nil {
+			return &WriteError{Path: s.path(ledgerFile), Op: "read", Sticky: true, Err: err}
 		}
 		copy(data[start-j.covered:], b)
 	}
 	// The slot to write: not the one with the newest end (another
 	// process may have written since this one last did).
-	wp := r.path(walFile)
+	wp := s.path(walFile)
 	if _, err := j.f.ReadAt(j.slots[:], 0); err != nil {
 		return &WriteError{Path: wp, Op: "read", Sticky: true, Err: err}
 	}
@@ -399,38 +399,25 @@ func (r *Run) syncBatch(way int, b, span []byte, pos chain) error {
 	return nil
 }
 
-// syncLedger fdatasyncs the ledger up to its end, so that it alone holds
-// every record (Close). The caller holds the ledger lock and stMu.
-func (r *Run) syncLedger() error {
-	if r.opts.NoSync {
-		return nil
-	}
-	if err := r.ledger.Sync(); err != nil {
-		return &WriteError{Path: r.path(ledgerFile), Op: "sync", Err: err}
-	}
-	r.wal.synced = max(r.wal.synced, r.st.pos.offset)
-	r.wal.covered = max(r.wal.covered, r.st.pos.offset)
-	return nil
-}
-
 // journalTail returns the records that only the journal holds past pos
 // (the end of the ledger's last good record): the ring's bytes from pos
 // to the end a header slot names, when they continue the chain up to
-// exactly that end, seq and hash. Of the two slots the newest that holds
-// wins. A missing journal, or one with nothing past pos, has none.
-func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, error) {
+// exactly that end, seq and hash, and that slot. Of the two slots the
+// newest that holds wins. A missing journal, or one with nothing past
+// pos, has none.
+func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, walMark, error) {
 	p := filepath.Join(dir, filepath.FromSlash(walFile))
 	f, size, err := openWAL(fsys, p, os.O_RDONLY)
 	if isNotExist(err) {
-		return nil, nil
+		return nil, walMark{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, walMark{}, err
 	}
 	defer f.Close()
 	var slots [2 * walSlot]byte
 	if _, err := f.ReadAt(slots[:], 0); err != nil {
-		return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+		return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 	}
 	var marks []walMark
 	for i := range 2 {
@@ -451,18 +438,18 @@ func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, error) {
 		at := pos.offset % ring
 		k := min(n, ring-at)
 		if _, err := f.ReadAt(data[:k], walHeader+at); err != nil {
-			return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+			return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 		}
 		if k < n {
 			if _, err := f.ReadAt(data[k:], walHeader); err != nil {
-				return nil, fmt.Errorf("runstate: read %s: %w", p, err)
+				return nil, walMark{}, fmt.Errorf("runstate: read %s: %w", p, err)
 			}
 		}
 		if continues(p, data, pos, m) {
-			return data, nil
+			return data, m, nil
 		}
 	}
-	return nil, nil
+	return nil, walMark{}, nil
 }
 
 // continues reports whether data is whole lines that continue the chain
@@ -516,7 +503,7 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 	if err != nil && !errors.As(err, &ce) {
 		return -1, j, err
 	}
-	tail, jerr := journalTail(fsys, dir, *c)
+	tail, m, jerr := journalTail(fsys, dir, *c)
 	switch {
 	case jerr != nil && err != nil:
 		return -1, j, err // the damage first: it names the line
@@ -524,6 +511,13 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 		return -1, j, journalError{jerr}
 	case len(tail) == 0:
 		return tornAt, j, err
+	}
+	if ce != nil {
+		if seq, at, moved := movedRecord(f, size, c.offset, m); moved {
+			ce.Err = fmt.Errorf("%w; %s holds seq %d-%d whole, but seq %d, which follows them, starts at byte %d, not at byte %d where they end: records moved, so lines were deleted, repeated or inserted here by hand (a power loss damages bytes in place), and the journal's records are not written back over them",
+				ce.Err, walFile, c.seq+1, m.seq, seq, at, m.end)
+			return -1, j, ce
+		}
 	}
 	j = restored{at: c.offset, tail: tail, torn: tornAt, damage: ce}
 	if _, err := replay(bytes.NewReader(tail), filepath.Join(dir, filepath.FromSlash(walFile)), c, apply); err != nil {
@@ -534,6 +528,42 @@ func replayJournal(fsys fileSystem, dir string, f file, size int64, c *chain, ap
 	}
 	tornAt, err = replay(io.NewSectionReader(f, c.offset, size-c.offset), lp, c, apply)
 	return tornAt, j, err
+}
+
+// movedRecord reports whether the ledger f, size bytes long, holds from
+// at on (where its chain stops, before the journal's records that end
+// with m) a whole record that a power loss cannot have put there: one
+// newer than m that starts before m.end (writing the journal's records
+// back would overwrite it), or m's successor (its prev is m's hash) at
+// another offset than m.end. A power loss loses, zeroes or garbles bytes
+// in place: every record newer than m stays at or after m.end, and m's
+// successor at m.end. Records that moved mean lines deleted, repeated or
+// inserted by hand, which may come after a ledger fdatasync that made
+// the records after the journal's durable in the ledger alone (Close's,
+// or a batch that took the ledger's way): the journal cannot stand in
+// for those bytes. It looks at the lines up to the first whole record
+// newer than m; it returns that record's seq and offset.
+func movedRecord(f file, size, at int64, m walMark) (seq, off int64, moved bool) {
+	if size <= at {
+		return 0, 0, false
+	}
+	src := newLineSource(io.NewSectionReader(f, at, size-at))
+	defer src.stop()
+	var d decoder
+	var rec Record
+	for off = at; ; {
+		line, _, err := src.next()
+		if err != nil {
+			return 0, 0, false // the end, a torn tail, a line too long, a failed read
+		}
+		start := off
+		off += int64(len(line))
+		if d.parse(line[:len(line)-1], m.hash, &rec) != nil || rec.Seq <= m.seq {
+			continue // damaged, or a record the journal holds
+		}
+		next := rec.Seq == m.seq+1 && rec.Prev == m.hash
+		return rec.Seq, start, start < m.end || next && start != m.end
+	}
 }
 
 // seqs returns the first and the last seq of the records j holds.
