@@ -16,7 +16,8 @@ import (
 )
 
 // MemStore keeps one run in memory, for unit tests of programs built on
-// runstate: no files but the outputs the stages write. Each Open (or
+// runstate: no files but the outputs the stages write (and logs/tmp in
+// the working directory, where they are written first). Each Open (or
 // runstate.OpenStore on a Session) starts a session on the run, so that
 // several Runs in one test behave as processes sharing a run directory:
 // one writer lock, catch-up on what the others appended, ErrBusy for a

@@ -12,7 +12,86 @@ import (
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/runstatetest"
+	"github.com/runstate/runstate/runstatetest/storetest"
 )
+
+// memHarness runs the conformance suite on a MemStore: every session opens
+// the same store with one working directory, as the processes of one
+// machine share a run directory.
+type memHarness struct {
+	m   *runstatetest.MemStore
+	dir string
+}
+
+func (h memHarness) Open(_ testing.TB, opts *runstate.Options) (*runstate.Run, error) {
+	return h.m.Open(h.dir, opts)
+}
+
+func (h memHarness) Crash(_ testing.TB, run *runstate.Run) { runstatetest.Crash(run) }
+
+func (h memHarness) Lines(testing.TB) [][]byte { return h.m.Lines() }
+
+func (h memHarness) PowerLoss(testing.TB) { h.m.Crash() }
+
+func (h memHarness) Store(testing.TB) runstate.Store { return h.m.Session() }
+
+// TestMemStoreConformance: the memory store keeps every guarantee the
+// conformance suite checks, the power loss included.
+func TestMemStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t testing.TB) storetest.Harness {
+		return memHarness{m: runstatetest.NewMemStore(), dir: t.TempDir()}
+	})
+}
+
+// TestMemStoreCrashDropsWhatWasNotSynced: a power loss keeps the lines
+// that a Sync covered and drops the rest (here a begin, which needs no
+// fsync); the sessions it killed cannot append, and the next one resumes.
+func TestMemStoreCrashDropsWhatWasNotSynced(t *testing.T) {
+	ctx := context.Background()
+	m := runstatetest.NewMemStore()
+	run, err := m.Open(t.TempDir(), &runstate.Options{Request: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer run.Close()
+	if err := run.Do(ctx, "fetch", func(context.Context, *runstate.Stage) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	synced := len(m.Lines())
+	if m.Durable() != synced {
+		t.Fatalf("after Do returned, %d of %d lines are durable", m.Durable(), synced)
+	}
+	if _, err := run.Begin(ctx, "build"); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Lines()) != synced+1 || m.Durable() != synced {
+		t.Fatalf("after a Begin: %d lines, %d durable; want %d and %d", len(m.Lines()), m.Durable(), synced+1, synced)
+	}
+	m.Crash()
+	if got := len(m.Lines()); got != synced {
+		t.Errorf("after the power loss %d lines, want the %d synced", got, synced)
+	}
+	err = run.Skip(ctx, "deploy", "no")
+	if !errors.Is(err, runstate.ErrSessionLost) && !errors.Is(err, runstate.ErrReadOnly) {
+		t.Errorf("a session killed by the power loss appended, or failed with %v; want ErrSessionLost or ErrReadOnly", err)
+	}
+	next, err := m.Open(t.TempDir(), &runstate.Options{Request: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	st, err := next.Begin(ctx, "build")
+	if err != nil {
+		t.Fatalf("Begin after the power loss: %v", err)
+	}
+	if st.Attempt() != 1 {
+		t.Errorf("build begun as attempt %d after its lost begin, want 1", st.Attempt())
+	}
+	_, err = next.Begin(ctx, "fetch")
+	if !errors.Is(err, runstate.ErrDone) {
+		t.Errorf("Begin of the stage completed before the power loss: %v, want ErrDone", err)
+	}
+}
 
 // TestMemStoreLockIsExclusive: while one session's batch holds the writer
 // lock, another's Lock waits, and gives up at its context's deadline with
