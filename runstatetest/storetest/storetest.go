@@ -4,14 +4,31 @@
 // failures that say which.
 //
 // A store's own test calls Run with a Factory that makes a fresh, empty
-// run for each subtest and hands back a Harness on it:
+// run for each subtest and hands back a Harness on it. For a store that
+// spans machines, such as pgstore, each session gets a working directory
+// of its own, as if on another machine:
+//
+//	type pgHarness struct {
+//		db  *pgstore.DB
+//		run string
+//	}
+//
+//	func (h pgHarness) Open(t testing.TB, opts *runstate.Options) (*runstate.Run, error) {
+//		return h.db.Open(context.Background(), h.run, t.TempDir(), opts)
+//	}
+//	func (h pgHarness) Crash(_ testing.TB, run *runstate.Run) { runstatetest.Crash(run) }
+//	func (h pgHarness) Lines(t testing.TB) [][]byte { return storetest.ReadLines(t, h.db.Store(h.run)) }
+//	func (h pgHarness) Store(testing.TB) runstate.Store { return h.db.Store(h.run) } // a Reader
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t testing.TB) storetest.Harness {
-//			db := newTestDatabase(t) // dropped by a t.Cleanup
-//			return &pgHarness{db: db}
+//			return pgHarness{db: newTestDB(t), run: "conformance"} // a schema of its own
 //		})
 //	}
+//
+// The file store's harness opens one run directory for every session
+// (runstate.OpenStore(runstate.NewFileStore(dir, opts), dir, opts)), and
+// the memory store's opens one runstatetest.MemStore.
 //
 // Harness.Open starts a new session on the subtest's run each time it is
 // called, as a new process would: Run opens several sessions on one run,
@@ -56,15 +73,17 @@
 //     directory of their own, pass runstate.Verify with no problem in the
 //     ledger: a store's ledger can always be exported as a run directory.
 //   - StoreReaders (only when the Harness is a Reader): InspectStore on
-//     a Store no session opened equals a full replay of the lines, and
+//     a Store no session opened succeeds, again and again, while sessions
+//     append, never going back; it equals a full replay of the lines, and
 //     VerifyStore finds no problem in the records.
 //   - PowerLoss (only when the Harness is a PowerLosser): after a power
 //     loss every acknowledged record is still there, in a chain that
 //     verifies, and the run opens and goes on.
 //
 // Every subtest ends by checking the chain of the ledger once more. The
-// subtests run in parallel; together they take a few seconds per store
-// (under -race, on a loaded machine, about ten).
+// subtests run in parallel; under -race, on a loaded two-core machine, the
+// suite takes about 1 s on the memory store, 2 to 4 s on the file store
+// and 3 s on a local PostgreSQL.
 package storetest
 
 import (
@@ -89,7 +108,9 @@ type Harness interface {
 	// when it is the first, as runstate.Open does for a directory (and
 	// runstate.OpenStore for a store), with opts (never nil; the harness
 	// may copy it and add its own settings). A store that spans machines
-	// opens each session in a working directory of its own.
+	// opens each session in a working directory of its own. The suite
+	// calls Open from goroutines of its own too: report a failure by
+	// returning it, not with t.Fatal.
 	Open(t testing.TB, opts *runstate.Options) (*runstate.Run, error)
 
 	// Crash ends run's session as a killed process would: no close
