@@ -133,6 +133,8 @@ func (m *MemStore) Handoff() []byte {
 	return bytes.Clone(m.handoff)
 }
 
+// String names the store in errors and messages: "memory store N", N
+// counting the MemStores of the process. Safe for concurrent use.
 func (m *MemStore) String() string { return fmt.Sprintf("memory store %d", m.id) }
 
 // alive is Batch.Alive's rule: a session is gone when it closed or died;
@@ -242,7 +244,7 @@ func (s *memSession) locked(from runstate.Position) (runstate.Batch, error) {
 	unlock := func() { <-m.lock }
 	if l := m.sessions[s.id]; l == nil || l.dead || l.closed {
 		unlock()
-		return nil, fmt.Errorf("%w: %s: session %s is gone (crashed or closed)", runstate.ErrSessionLost, m, s.id)
+		return nil, fmt.Errorf("%w: %s: session %s is gone (crashed or closed): open a new session", runstate.ErrSessionLost, m, s.id)
 	}
 	if err := m.check(from); err != nil {
 		unlock()
@@ -258,7 +260,7 @@ func (s *memSession) lost() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if l := m.sessions[s.id]; !s.opened || l == nil || l.dead || l.closed {
-		return fmt.Errorf("%w: %s: session %s is gone (crashed or closed)", runstate.ErrSessionLost, m, s.id)
+		return fmt.Errorf("%w: %s: session %s is gone (crashed or closed): open a new session", runstate.ErrSessionLost, m, s.id)
 	}
 	return nil
 }
@@ -385,7 +387,7 @@ func (b *memBatch) land(durable bool) error {
 	defer m.mu.Unlock()
 	if l := m.sessions[b.s.id]; l == nil || l.dead {
 		b.pending = nil
-		return fmt.Errorf("%w: %s: session %s died before its records landed", runstate.ErrSessionLost, m, b.s.id)
+		return fmt.Errorf("%w: %s: session %s died before its records landed: open a new session", runstate.ErrSessionLost, m, b.s.id)
 	}
 	for _, line := range b.pending {
 		m.lines = append(m.lines, line)
