@@ -138,8 +138,8 @@ type Run struct {
 // *CorruptError when the ledger is damaged anywhere but in a torn last line
 // (one without its '\n'; nothing is written then), with ErrVersion for an
 // unknown format, and with ErrInvalid when Request, Revision and
-// Environment encode to more than 4 MiB. Records
-// that a machine crash left only in logs/ledger.wal are copied into the
+// Environment encode to more than 4 MiB. Records that a machine crash
+// left only in the journal (see the package doc) are copied into the
 // ledger first (and fdatasync'd there), with a warning in the log. A torn
 // last line, left by a writer that died mid-append, is moved aside to
 // logs/ledger.jsonl.torn-<time> and cut off.
@@ -263,7 +263,7 @@ func (r *Run) checkOpen() error {
 
 // Close ends the session: it appends a durable close record, rewrites
 // manifest.json and logs/next-steps.txt, fdatasyncs the ledger (so that it
-// alone holds every record, whatever logs/ledger.wal holds), and releases
+// alone holds every record, whatever the journal holds), and releases
 // the session's lock.
 // Stages this session began and did not end are left running; the next
 // session records them as interrupted. Close waits for the batches under

@@ -353,30 +353,13 @@ func (s *dirStore) TryLock(from Position) (Batch, bool, error) {
 // crash left only in logs/ledger.wal in their place (see wal.go). A store
 // that is open reads through its own handle on the ledger.
 func (s *dirStore) Read(ctx context.Context, from Position, fn func(line []byte) error) (int64, error) {
-	f := s.ledger
-	if f == nil {
-		lf, _, err := openLedger(s.dir)
-		if err != nil {
-			return 0, err
-		}
-		defer lf.Close()
-		f = osFile{lf}
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, fmt.Errorf("runstate: stat %s: %w", s, err)
-	}
 	c := chainAt(from)
-	tornAt, _, err := replayJournal(s.fs, s.abs, f, fi.Size(), &c, func(_ *Record, line []byte) error {
+	return s.readChecked(&c, func(_ *Record, line []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		return fn(line)
 	})
-	if err != nil || tornAt < 0 {
-		return 0, err
-	}
-	return fi.Size() - tornAt, nil
 }
 
 // Live reports, for each session, whether its lock file leaves it
