@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 
@@ -221,4 +222,12 @@ func (r *Run) alive(session string) bool {
 		return false // closed, or recorded as gone
 	}
 	return r.cur.Alive(session)
+}
+
+// operator names the person behind an operator action.
+func operator() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
 }
