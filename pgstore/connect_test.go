@@ -2,7 +2,7 @@ package pgstore
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync"
