@@ -95,7 +95,7 @@ func checkDirect(ctx context.Context, conn *pgx.Conn, key int64) error {
 		return err
 	}
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-		AND pid = pg_backend_pid() AND classid = ($1 >> 32)::bigint::oid AND objid = ($1 & 4294967295)::bigint::oid
+		AND pid = pg_backend_pid() AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid
 		AND objsubid = 1 AND granted)`, key).Scan(&pid2, &n); err != nil {
 		return err
 	}

@@ -152,7 +152,7 @@ func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, e
 	rows, err := s.db.pool.Query(ctx, `SELECT k, (now() - pg_postmaster_start_time() < $2::interval) OR EXISTS (
 		SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND l.classid = (k >> 32)::bigint::oid AND l.objid = (k & 4294967295)::bigint::oid AND l.objsubid = 1)
+		AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid AND l.objsubid = 1)
 		FROM unnest($1::bigint[]) k`, keys, grace)
 	if err != nil {
 		return nil, s.db.connectError(err)
