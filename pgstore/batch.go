@@ -35,6 +35,9 @@ type batch struct {
 	now     time.Time // the database's clock, never before the head's
 	inGrace bool      // the server restarted less than grace ago
 	tail    [][]byte  // lines after from, read under the lock
+	// dead: the sessions Alive found gone (their locks this transaction
+	// holds shared): a re-run of the batch must find them gone again.
+	dead []string
 
 	// What Append queued, sent with the COMMIT in one round trip.
 	rows    recordRows
@@ -186,6 +189,9 @@ func (b *batch) Now() time.Time { return b.now }
 // COMMIT) is gone. A failed probe, or a server within its restart grace,
 // answers alive.
 func (b *batch) Alive(session string) bool {
+	if session == "" {
+		return false
+	}
 	if session == b.ses.id || b.inGrace {
 		return true
 	}
@@ -197,6 +203,9 @@ func (b *batch) Alive(session string) bool {
 	defer cancel()
 	if err := b.conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", lockKey(session)).Scan(&free); err != nil {
 		return true
+	}
+	if free {
+		b.dead = append(b.dead, session)
 	}
 	return !free
 }
@@ -343,11 +352,17 @@ const appendSQL = `WITH ins AS (
 )
 SELECT 1 / (SELECT count(*)::int FROM head)`
 
-const publishSQL = `INSERT INTO {s}.projections AS p (run_id, seq, hash, "end", last_len, manifest, handoff, at)
+// The projections, each newest seq wins.
+const (
+	publishManifestSQL = `INSERT INTO {s}.projections AS p (run_id, seq, hash, "end", last_len, crc, manifest, at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
 ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, "end" = excluded."end",
-  last_len = excluded.last_len, manifest = excluded.manifest, handoff = excluded.handoff, at = excluded.at
+  last_len = excluded.last_len, crc = excluded.crc, manifest = excluded.manifest, at = excluded.at
 WHERE p.seq < excluded.seq`
+	publishHandoffSQL = `INSERT INTO {s}.projections AS p (run_id, handoff_seq, handoff, at) VALUES ($1, $2, $3, clock_timestamp())
+ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff = excluded.handoff, at = excluded.at
+WHERE p.handoff_seq < excluded.handoff_seq`
+)
 
 func (b *batch) queuePublish(pb *pgx.Batch) {
 	p := b.publish
@@ -356,23 +371,25 @@ func (b *batch) queuePublish(pb *pgx.Batch) {
 	if err != nil {
 		return
 	}
-	pb.Queue(b.s.db.sql(publishSQL), b.runID, p.at.Seq, hash, p.at.End, p.at.LastLen, p.manifest, string(p.handoff))
+	if p.manifest != nil {
+		pb.Queue(b.s.db.sql(publishManifestSQL), b.runID, p.at.Seq, hash, p.at.End, p.at.LastLen, p.at.CRC, p.manifest)
+	}
+	if p.handoff != nil {
+		pb.Queue(b.s.db.sql(publishHandoffSQL), b.runID, p.at.Seq, string(p.handoff))
+	}
 }
 
-// commit sends the queued statements and COMMIT in one round trip.
-func (b *batch) commit(ctx context.Context, lazy bool) error {
+// commitBatch builds the round trip that ends the transaction: the
+// queued records, their outputs and the head's compare-and-set, the
+// projection, [SET LOCAL synchronous_commit = off when lazy], COMMIT.
+func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	db := b.s.db
 	var pb pgx.Batch
-	n := len(b.rows.seq)
-	if n > 0 {
+	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
-		last := r.hash[n-1]
 		headHash, _ := hex.DecodeString(b.head.Hash)
-		if hex.EncodeToString(last) != b.to.Hash || r.seq[n-1] != b.to.Seq {
-			return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
-		}
 		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-			o.seq, o.path, o.sha, o.size, b.to.Seq, last, b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
 	}
 	if b.publish != nil {
 		b.queuePublish(&pb)
@@ -381,34 +398,37 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	}
 	pb.Queue("COMMIT")
-	err := b.conn.SendBatch(ctx, &pb).Close()
-	if err == nil {
-		if n > 0 {
-			b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
-		}
-		return nil
-	}
-	if n == 0 || !ambiguous(err) {
-		if n > 0 {
-			return b.appendError(err)
-		}
-		return db.connectError(err)
-	}
-	// The COMMIT may or may not have landed: ask the table.
-	first := commitMark{Seq: b.rows.seq[0], Hash: b.rows.hash[0]}
-	lastMark := commitMark{Seq: b.rows.seq[n-1], Hash: b.rows.hash[n-1]}
-	committed, rerr := resolveCommit(context.WithoutCancel(ctx), b.s.connect, b.runID, first, lastMark)
-	if rerr != nil {
-		return fmt.Errorf("%w: run %s: the connection was lost around the COMMIT of records %d-%d and the outcome is unknown: %v (the next Open finds out from the table)",
-			runstate.ErrReadOnly, b.s.name, first.Seq, lastMark.Seq, rerr)
-	}
-	if committed {
-		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
-		return nil
-	}
-	return fmt.Errorf("pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed; nothing was recorded: %w",
-		b.s.name, first.Seq, lastMark.Seq, err)
+	return &pb
 }
+
+// commit sends commitBatch in one round trip. A connection lost around
+// it leaves the outcome unknown: settle (resolve.go) finds it out.
+func (b *batch) commit(ctx context.Context, lazy bool) error {
+	n := len(b.rows.seq)
+	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
+		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
+	}
+	err := b.conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	switch {
+	case err == nil:
+		b.committed()
+		return nil
+	case n == 0:
+		return b.s.db.connectError(err)
+	case !ambiguous(err):
+		return b.appendError(err)
+	}
+	return b.settle(ctx, err, lazy)
+}
+
+// committed moves the batch's head past what it committed.
+func (b *batch) committed() {
+	if len(b.rows.seq) > 0 {
+		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
+	}
+}
+
+func lineHex(h []byte) string { return hex.EncodeToString(h) }
 
 // appendError explains a failed append statement.
 func (b *batch) appendError(err error) error {

@@ -12,7 +12,29 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
 )
+
+// settle decides the outcome of a batch whose COMMIT (commitBatch) was
+// sent and whose reply was lost (err): committed -> nil; not committed ->
+// an error, nothing recorded (pgfault: re-run the batch once under a fresh
+// lock); unknown -> an error wrapping runstate.ErrReadOnly.
+func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
+	n := len(b.rows.seq)
+	first := commitMark{Seq: b.rows.seq[0], Hash: b.rows.hash[0]}
+	last := commitMark{Seq: b.rows.seq[n-1], Hash: b.rows.hash[n-1]}
+	committed, rerr := resolveCommit(context.WithoutCancel(ctx), b.s.connect, b.runID, first, last)
+	if rerr != nil {
+		return fmt.Errorf("%w: run %s: the connection was lost around the COMMIT of records %d-%d and the outcome is unknown: %v (the next Open finds out from the table)",
+			runstate.ErrReadOnly, b.s.name, first.Seq, last.Seq, rerr)
+	}
+	if committed {
+		b.committed()
+		return nil
+	}
+	return fmt.Errorf("pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed; nothing was recorded: %w",
+		b.s.name, first.Seq, last.Seq, err)
+}
 
 // commitMark names one record of a batch whose COMMIT's outcome is
 // unknown: its seq and the sha256 of its line.

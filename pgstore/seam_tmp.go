@@ -16,6 +16,7 @@ type Position struct {
 	Seq          int64
 	Hash         string
 	End, LastLen int64
+	CRC          bool
 }
 
 type Store interface {
@@ -25,6 +26,7 @@ type Store interface {
 	Live(ctx context.Context, sessions []string) (map[string]bool, error)
 	Blobs() Blobs
 	Close(clean bool) error
+	String() string
 }
 
 type Batch interface {

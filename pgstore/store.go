@@ -97,13 +97,16 @@ var errNoRun = errors.New("pgstore: no such run")
 func (s *store) snapshot(ctx context.Context, runID string) ([]byte, Position, error) {
 	var snap, hash []byte
 	var at Position
-	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT p.manifest, p.seq, p.hash, p."end", p.last_len FROM {s}.projections p
+	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT p.manifest, p.seq, p.hash, p."end", p.last_len, p.crc FROM {s}.projections p
 		JOIN {s}.records r ON r.run_id = p.run_id AND r.seq = p.seq AND r.hash = p.hash WHERE p.run_id = $1`), runID).
-		Scan(&snap, &at.Seq, &hash, &at.End, &at.LastLen)
+		Scan(&snap, &at.Seq, &hash, &at.End, &at.LastLen, &at.CRC)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, Position{}, nil
 	} else if err != nil {
 		return nil, Position{}, s.db.rightsError("read the projection of run "+s.name, err)
+	}
+	if len(snap) == 0 {
+		return nil, Position{}, nil
 	}
 	at.Hash = hex.EncodeToString(hash)
 	return snap, at, nil
@@ -139,7 +142,7 @@ func (s *store) Read(ctx context.Context, from Position, fn func(line []byte) er
 	if err := rows.Err(); err != nil {
 		return 0, s.db.rightsError("read the records of run "+s.name, err)
 	}
-	return -1, nil
+	return 0, nil // a transaction cannot tear a line
 }
 
 // Live reports, for each session, whether its lock is held, from pg_locks:
@@ -205,6 +208,11 @@ func (s *store) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, s.db.connectError(err)
 	}
 	return conn, nil
+}
+
+// String names the run in the database, for errors.
+func (s *store) String() string {
+	return fmt.Sprintf("run %q in schema %s of %s", s.name, s.db.schema, s.db.where)
 }
 
 // session returns the open session, or an error for a reader.

@@ -54,12 +54,14 @@ CREATE TABLE {s}.outputs (
   FOREIGN KEY (run_id, seq) REFERENCES {s}.records
 );
 CREATE TABLE {s}.projections (
-  run_id   uuid PRIMARY KEY REFERENCES {s}.runs,
-  seq      bigint NOT NULL,
-  hash     bytea NOT NULL,
-  "end"    bigint NOT NULL,
-  last_len bigint NOT NULL,
-  manifest bytea NOT NULL,
-  handoff  text NOT NULL,
-  at       timestamptz NOT NULL
+  run_id      uuid PRIMARY KEY REFERENCES {s}.runs,
+  seq         bigint NOT NULL DEFAULT 0,   -- the manifest's position
+  hash        bytea NOT NULL DEFAULT '',
+  "end"       bigint NOT NULL DEFAULT 0,
+  last_len    bigint NOT NULL DEFAULT 0,
+  crc         boolean NOT NULL DEFAULT false,
+  manifest    bytea NOT NULL DEFAULT '',
+  handoff_seq bigint NOT NULL DEFAULT 0,   -- the handoff's
+  handoff     text NOT NULL DEFAULT '',
+  at          timestamptz NOT NULL DEFAULT now()
 );
