@@ -23,7 +23,7 @@ import (
 var grace = 10 * time.Second
 
 // batch is one append transaction on a pooled connection: the run's head
-// row locked FOR UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
+// row locked FOR NO KEY UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
 // (Abort). Not safe for concurrent use: the group-commit leader drives it.
 type batch struct {
 	s     *store
@@ -68,7 +68,7 @@ type outputRows struct {
 }
 
 // Lock starts the batch's transaction in one pipelined round trip: BEGIN,
-// the head row FOR UPDATE (which serializes the run's writers on every
+// the head row FOR NO KEY UPDATE (which serializes the run's writers on every
 // machine), then, as statements of their own so that they run after the
 // wait for the row, the session's self-fence (its own lock must not be
 // takeable), the clock, and the records after from.
@@ -114,7 +114,7 @@ func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from r
 }
 
 // TryLock is Lock without a wait (runstate.TryLocker): the head row is
-// locked FOR UPDATE NOWAIT, and ok is false when another session holds it,
+// locked FOR NO KEY UPDATE NOWAIT, and ok is false when another session holds it,
 // or when this session's lock connection is being re-established (Lock
 // waits for that). It saves the committer a hand-off to a goroutine per
 // batch.
@@ -165,9 +165,13 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 	db := b.s.db
 	var pb pgx.Batch
 	pb.Queue("BEGIN")
-	lock := "FOR UPDATE"
+	// FOR NO KEY UPDATE: exclusive among writers (and against FOR
+	// UPDATE), but not against the FOR KEY SHARE of other transactions'
+	// foreign-key checks on the row (a session's row, a projection), which
+	// FOR UPDATE would make wait and could deadlock with.
+	lock := "FOR NO KEY UPDATE"
 	if nowait {
-		lock = "FOR UPDATE NOWAIT"
+		lock = "FOR NO KEY UPDATE NOWAIT"
 	}
 	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 `+lock), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1), clock_timestamp(), now() - pg_postmaster_start_time() < $2::interval`,
@@ -496,7 +500,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		return nil
 	case n == 0:
 		b.s.blobs.putBack(b.inline)
-		return b.s.db.connectError(err)
+		return b.s.db.rightsError("commit a batch of run "+b.s.name, err)
 	case !ambiguous(err):
 		b.s.blobs.putBack(b.inline)
 		return b.appendError(err)
