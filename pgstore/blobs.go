@@ -19,7 +19,8 @@ import (
 const chunkSize = 1 << 20
 
 // MaxBlob caps one output's size in the database (DESIGN-pg.md §7): a
-// larger output needs a Blobs on an object store.
+// larger output needs a Blobs on an object store. Set it before Connect;
+// changing it while runs are open is a data race.
 var MaxBlob int64 = 256 << 20
 
 // inlineMax is the size up to which a blob rides in the next batch's
