@@ -90,14 +90,27 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 		if err == nil {
 			return b, nil
 		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, s.waitError(ctx, cerr)
+		}
 		// Nothing was written: a batch whose session was re-holding its
 		// lock, or whose pooled connection had died (a server restart),
 		// is tried again.
-		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+		if try < 3 && (errors.Is(err, errRehold) || isConnError(err)) {
 			continue
 		}
 		return nil, err
 	}
+}
+
+// waitError is Lock's error when ctx ended first: it wraps ctx's error
+// (and runstate.ErrLockTimeout for a deadline) and says who held the run.
+func (s *store) waitError(ctx context.Context, cerr error) error {
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w: the head row of %s was held by another session's batch (see pg_stat_activity for its client); nothing was recorded",
+			runstate.ErrLockTimeout, cerr, s)
+	}
+	return fmt.Errorf("%w: waiting for the head row of %s; nothing was recorded", cerr, s)
 }
 
 func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from runstate.Position) (*batch, error) {

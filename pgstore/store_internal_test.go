@@ -231,3 +231,33 @@ func TestBlobsRoundTrip(t *testing.T) {
 	assert.True(t, errors.Is(err, runstate.ErrInvalid), "%v", err)
 	assert.Contains(t, err.Error(), "MaxBlob")
 }
+
+// Lock waits as long as its context allows for a batch another session
+// holds, then fails with the context's error and ErrLockTimeout.
+func TestStoreLockWaitEndsWithItsContext(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, b := db.Store("r"), db.Store("r")
+	sa, sb := newSession(t), newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	_, _, err = b.Open(ctx, sb)
+	require.NoError(t, err)
+	defer b.Close(true)
+	held, err := a.Lock(ctx, runstate.Position{})
+	require.NoError(t, err)
+	defer held.Abort()
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = b.Lock(wctx, runstate.Position{})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, runstate.ErrLockTimeout)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	tl, ok, err := b.(runstate.TryLocker).TryLock(runstate.Position{})
+	require.NoError(t, err)
+	assert.False(t, ok, "TryLock does not wait")
+	assert.Nil(t, tl)
+}
