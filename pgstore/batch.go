@@ -44,6 +44,7 @@ type batch struct {
 	outs   outputRows
 	to     runstate.Position
 	synced bool
+	failed bool // Sync failed: Unlock and Abort only roll back
 	done   bool
 	// inline: the small blobs this batch's COMMIT carries (blobs.go),
 	// taken once, so that a re-run of the commit carries them again.
@@ -384,6 +385,8 @@ func (b *batch) Sync(ctx context.Context) error {
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
+	} else {
+		b.failed = true
 	}
 	return err
 }
@@ -408,6 +411,12 @@ func (b *batch) Unlock() error {
 	if b.synced {
 		return nil
 	}
+	if b.failed {
+		// Nothing of it committed (or its outcome is the sticky error
+		// Sync returned): the records are not sent again.
+		b.rollback()
+		return nil
+	}
 	return b.commit(context.Background(), true)
 }
 
@@ -420,12 +429,27 @@ func (b *batch) Abort() error {
 	if b.synced {
 		return nil
 	}
+	if b.failed {
+		b.rollback()
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := b.conn.Exec(ctx, "ROLLBACK"); err != nil {
 		return b.s.db.connectError(err)
 	}
 	return nil
+}
+
+// rollback ends a transaction whose commit failed, best effort (a broken
+// connection is dropped by the pool at release).
+func (b *batch) rollback() {
+	if b.conn.Conn().PgConn().IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = b.conn.Exec(ctx, "ROLLBACK")
 }
 
 func (b *batch) release() {

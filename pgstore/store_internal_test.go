@@ -261,3 +261,30 @@ func TestStoreLockWaitEndsWithItsContext(t *testing.T) {
 	assert.False(t, ok, "TryLock does not wait")
 	assert.Nil(t, tl)
 }
+
+// A batch whose Sync failed (here: an output without its bytes) is not
+// sent again by Unlock; nothing of it is recorded, and the next batch goes
+// on from the same place.
+func TestStoreFailedSyncIsNotResentByUnlock(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a := db.Store("r")
+	sa := newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	b, err := a.Lock(ctx, runstate.Position{})
+	require.NoError(t, err)
+	line := fmt.Sprintf(`{"seq":1,"at":"2026-12-01T00:00:00Z","ev":"complete","session":%q,"stage":"s","attempt":1,"prev":""}`, sa)
+	to := runstate.Position{Seq: 1, Hash: lineHash([]byte(line)), End: int64(len(line) + 1), LastLen: int64(len(line) + 1), CRC: true}
+	rec := &runstate.Record{Seq: 1, Ev: "complete", Stage: "s", Attempt: 1, Session: sa, At: b.Now(),
+		Outputs: []runstate.Output{{Path: "x", SHA256: lineHash([]byte("never stored")), Size: 12}}}
+	require.NoError(t, b.Append([]*runstate.Record{rec}, []byte(line+"\n"), to))
+	err = b.Sync(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "store them first")
+	assert.NoError(t, b.Unlock())
+	assert.Empty(t, readAll(t, a))
+	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
+	assert.Equal(t, int64(1), pos.Seq)
+}
