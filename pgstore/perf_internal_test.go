@@ -45,10 +45,14 @@ func TestPerfCheckpoint(t *testing.T) {
 					require.NoError(t, err)
 					raw = append(raw, time.Since(start))
 				} else {
+					// Ten stages, each redone with a new input value: the
+					// run's size stays that of a real run (the handoff and
+					// the state are O(stages)).
 					k++
-					err = run.Do(ctx, fmt.Sprintf("s%d", k), func(ctx context.Context, st *runstate.Stage) error {
-						return st.WriteFile(fmt.Sprintf("out/%d.txt", k), []byte(fmt.Sprintf("result %d\n", k)))
-					})
+					name := fmt.Sprintf("s%d", k%10)
+					err = run.Do(ctx, name, func(ctx context.Context, st *runstate.Stage) error {
+						return st.WriteFile("out/"+name+".txt", []byte(fmt.Sprintf("result %d\n", k)))
+					}, runstate.Value("round", k))
 					require.NoError(t, err)
 					cp = append(cp, time.Since(start))
 				}
