@@ -76,6 +76,16 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig)}
+	// Every connection notices a server it can no longer reach within
+	// about userTimeout, instead of the kernel's minutes: keepalives
+	// when idle, TCP_USER_TIMEOUT (Linux) while data waits for an ACK;
+	// and a connect gives up after userTimeout.
+	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5},
+		Control: userTimeoutControl}
+	cfg.ConnConfig.DialFunc = d.DialContext
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = userTimeout
+	}
 	db.lockCfg = lockConfig(cfg.ConnConfig)
 	if cfg.MaxConns < 8 {
 		cfg.MaxConns = 8
@@ -178,8 +188,6 @@ func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 			c.RuntimeParams[k] = v
 		}
 	}
-	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}}
-	c.DialFunc = d.DialContext
 	return c
 }
 

@@ -19,9 +19,12 @@ import (
 // any time); after lostAfter without a held lock the session is lost for
 // good. lostAfter spans the restart grace: a server restart drops every
 // session's lock, and the sessions take theirs back when it is up again.
+//
+// pingTimeout is generous: a ping that runs out ends the connection, and
+// so frees the lock, which a loaded machine must not do to a live session.
 var (
 	pingEvery   = time.Second
-	pingTimeout = time.Second
+	pingTimeout = 5 * time.Second
 	lostAfter   = grace
 )
 
