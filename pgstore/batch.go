@@ -82,6 +82,8 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 	if err != nil {
 		return nil, err
 	}
+	var down time.Time // since when the server has not answered
+	wait := 50 * time.Millisecond
 	for try := 0; ; try++ {
 		// A lock connection being re-established is waited for.
 		if err := ses.check(ctx); err != nil {
@@ -95,10 +97,26 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 			return nil, s.waitError(ctx, cerr)
 		}
 		// Nothing was written: a batch whose session was re-holding its
-		// lock, or whose pooled connection had died (a server restart),
-		// is tried again.
-		if try < 3 && (errors.Is(err, errRehold) || isConnError(err)) {
+		// lock is tried again; one whose connection failed (a server
+		// restart) is tried again with a growing pause, for as long as
+		// the session may take its lock back (lostAfter), so that a
+		// restart does not fail the calls under way.
+		switch {
+		case errors.Is(err, errRehold) && try < 10:
 			continue
+		case isConnError(err):
+			if down.IsZero() {
+				down = time.Now()
+			}
+			if time.Since(down) < lostAfter {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return nil, s.waitError(ctx, ctx.Err())
+				}
+				wait = min(2*wait, time.Second)
+				continue
+			}
 		}
 		return nil, err
 	}

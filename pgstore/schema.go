@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"slices"
@@ -186,5 +187,6 @@ func isConnError(err error) bool {
 	if errors.As(err, &pe) {
 		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
 	}
-	return pgconn.SafeToRetry(err) || errors.As(err, new(*pgconn.ConnectError)) || pgconn.Timeout(err) || errors.As(err, new(net.Error))
+	return pgconn.SafeToRetry(err) || errors.As(err, new(*pgconn.ConnectError)) || pgconn.Timeout(err) || errors.As(err, new(net.Error)) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
 }
