@@ -1,0 +1,228 @@
+package pgstore
+
+// The connection lost around COMMIT (DESIGN-pg.md §6, §10.5), on the
+// Store: a proxy between the store and the server cuts the batch's
+// connection before the COMMIT reaches the server or after the server
+// committed and before its reply reaches the store. Never "returned nil
+// but not recorded", never recorded twice.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/pgstore/internal/pgproxy"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cutFixture is a DB whose every connection goes through a proxy, and a
+// direct connection to look at the table.
+type cutFixture struct {
+	proxy  *pgproxy.Proxy
+	db     *DB // through the proxy
+	direct *DB // the same schema, not through the proxy
+	run    string
+}
+
+func newCutFixture(t *testing.T) *cutFixture {
+	t.Helper()
+	dsn := withSchema(testDSN(t), newSchema(t))
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	p, err := pgproxy.New(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+	direct, err := Connect(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	u.Host = p.Addr()
+	db, err := Connect(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	return &cutFixture{proxy: p, db: db, direct: direct, run: "r"}
+}
+
+// open opens the run through db in a new session, closed (clean or not)
+// at the test's end.
+func (f *cutFixture) open(t *testing.T, db *DB, clean bool) (Store, string, Position) {
+	t.Helper()
+	st := db.Store(f.run)
+	session := newSession(t)
+	_, at, err := st.Open(context.Background(), session)
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close(clean) })
+	return st, session, at
+}
+
+// markedBatch appends n records whose lines carry marker, in one batch
+// from pos, and ends it with Sync (sync) or with Unlock alone (a lazy
+// batch, as begins are). It returns the batch's error and the position
+// after it.
+func markedBatch(t *testing.T, st Store, from Position, session, marker string, n int, sync bool) (Position, error) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := st.Lock(ctx, from)
+	require.NoError(t, err)
+	pos := from
+	require.NoError(t, b.Tail(func(line []byte) error {
+		pos = Position{Seq: pos.Seq + 1, Hash: lineHash(line), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+		return nil
+	}))
+	var recs []*runstate.Record
+	var lines bytes.Buffer
+	for i := range n {
+		rec := &runstate.Record{Seq: pos.Seq + 1, At: b.Now(), Ev: "note", Session: session, Note: fmt.Sprintf("%s %d", marker, i), Prev: pos.Hash}
+		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"note","session":%q,"note":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, rec.Note, pos.Hash)
+		recs = append(recs, rec)
+		lines.WriteString(line + "\n")
+		pos = Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+	}
+	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
+	if sync {
+		if err := b.Sync(ctx); err != nil {
+			_ = b.Abort()
+			return pos, err
+		}
+	}
+	return pos, b.Unlock()
+}
+
+// copies counts the records whose line carries marker, and checks the
+// table's seqs are gapless.
+func (f *cutFixture) copies(t *testing.T, marker string) int {
+	t.Helper()
+	lines := readAll(t, f.direct.Store(f.run))
+	n := 0
+	for _, l := range lines {
+		if bytes.Contains(l, []byte(marker)) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestCommitCutNeverLosesAnAcknowledgedBatchNorRecordsItTwice(t *testing.T) {
+	for _, c := range []struct {
+		cut  pgproxy.Cut
+		sync bool
+	}{
+		{pgproxy.BeforeCommit, true},
+		{pgproxy.AfterCommit, true},
+		{pgproxy.BeforeCommit, false},
+		{pgproxy.AfterCommit, false},
+	} {
+		name := c.cut.String()
+		if !c.sync {
+			name += " (lazy batch)"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newCutFixture(t)
+			st, session, at := f.open(t, f.db, true)
+			at, err := markedBatch(t, st, at, session, "before", 2, true)
+			require.NoError(t, err)
+
+			a := f.proxy.Arm(pgproxy.Rule{Cut: c.cut, Match: []string{"cut-me"}})
+			at, err = markedBatch(t, st, at, session, "cut-me", 3, c.sync)
+			require.True(t, a.Wait(time.Second), "the proxy did not cut: %q", f.proxy.Log())
+			require.NoError(t, err, "the batch must be acknowledged: re-run (cut before COMMIT) or resolved as committed (after)")
+			assert.Equal(t, 3, f.copies(t, "cut-me"), "each record of the batch exactly once")
+
+			// The store goes on from where it is.
+			_, err = markedBatch(t, st, at, session, "after", 1, true)
+			require.NoError(t, err)
+			lines := readAll(t, f.direct.Store(f.run))
+			assert.Len(t, lines, 6)
+			assert.Equal(t, 1, f.copies(t, "after"))
+		})
+	}
+}
+
+// A cut right after the COMMIT was sent: whether it landed is a race. The
+// batch either returns nil and is there once, or returns an error and is
+// absent; never nil and absent, never twice.
+func TestCommitCutRacingTheCommitIsOneOrNone(t *testing.T) {
+	f := newCutFixture(t)
+	st, session, at := f.open(t, f.db, true)
+	acked := 0
+	for i := range 10 {
+		marker := fmt.Sprintf("race-%d-", i)
+		a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommitSent, Match: []string{marker}})
+		next, err := markedBatch(t, st, at, session, marker, 2, true)
+		require.True(t, a.Wait(time.Second))
+		n := f.copies(t, marker)
+		if err == nil {
+			acked++
+			assert.Equal(t, 2, n, "round %d: acknowledged, so both records exactly once", i)
+			at = next
+		} else {
+			assert.Equal(t, 0, n, "round %d: %v, yet recorded", i, err)
+			t.Fatalf("round %d: the batch failed: %v", i, err) // with re-run, it must not
+		}
+	}
+	t.Logf("%d of 10 acknowledged", acked)
+}
+
+// The database unreachable after the cut for longer than CommitTimeout:
+// the outcome is unknown, the batch's error wraps ErrReadOnly and says so;
+// the records are in the table (the server committed), and a new session
+// reads them.
+func TestCommitCutUnresolvableIsReadOnlyAndOpenFindsTheOutcome(t *testing.T) {
+	old := CommitTimeout
+	CommitTimeout = 600 * time.Millisecond
+	defer func() { CommitTimeout = old }()
+	f := newCutFixture(t)
+	ctx := context.Background()
+	st, session, at := f.open(t, f.db, false)
+	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommit, Match: []string{"cut-me"}})
+	f.proxy.Refuse(false)
+	go func() { <-a.Fired(); f.proxy.Refuse(true) }()
+	_, err := markedBatch(t, st, at, session, "cut-me", 2, true)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, runstate.ErrReadOnly)
+	assert.Contains(t, err.Error(), "commit outcome unknown")
+	assert.Contains(t, err.Error(), "open the run again")
+	assert.Equal(t, 2, f.copies(t, "cut-me"), "the server committed")
+
+	other, _, pos := f.open(t, f.direct, true)
+	var n int
+	_, err = other.Read(ctx, pos, func([]byte) error { n++; return nil })
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), pos.Seq+int64(n), "a new session sees both records")
+}
+
+// The batch is re-run only under the lock it was decided under: when
+// another writer appended between the lost COMMIT and the re-run, the
+// batch fails, nothing of it recorded.
+func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
+	f := newCutFixture(t)
+	st, session, at := f.open(t, f.db, true)
+	otherStore, otherSession, _ := f.open(t, f.direct, true)
+
+	// Cut before the COMMIT, and hold the re-run's connections back
+	// until the other writer has appended.
+	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"cut-me"}})
+	f.proxy.Refuse(false)
+	moved := make(chan struct{})
+	go func() {
+		<-a.Fired()
+		f.proxy.Refuse(true)
+		_, err := markedBatch(t, otherStore, Position{}, otherSession, "other", 1, true)
+		assert.NoError(t, err)
+		f.proxy.Refuse(false)
+		close(moved)
+	}()
+	_, err := markedBatch(t, st, at, session, "cut-me", 2, true)
+	<-moved
+	require.Error(t, err)
+	assert.ErrorIs(t, err, errRerun)
+	assert.Equal(t, 0, f.copies(t, "cut-me"))
+	assert.Equal(t, 1, f.copies(t, "other"))
+}
