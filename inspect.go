@@ -173,8 +173,7 @@ func Verify(dir string) (*Report, error) {
 	st := newState()
 	var settled int64 // the last record that is not a begin: the handoff lags begins (handoffLag)
 	each := func(rec *Record, line []byte) error {
-		st.apply(rec)
-		st.lastLen = int64(len(line) + 1)
+		_ = st.replay(rec, line)
 		if rec.Ev != evBegin {
 			settled = rec.Seq
 		}
@@ -226,19 +225,11 @@ func Verify(dir string) (*Report, error) {
 			Fix: "Open the directory with Options.Request to create the run, or remove it"})
 		return rep, nil
 	}
-	root, err := os.OpenRoot(dir)
+	probs, err := checkArtifacts(dir, st)
 	if err != nil {
 		return nil, err
 	}
-	defer root.Close()
-	r := &Run{root: root}
-	for _, a := range st.artifacts(st.stageNames()) {
-		if why := r.checkOutputs([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
-			rep.Problems = append(rep.Problems, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
-				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
-				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})
-		}
-	}
+	rep.Problems = append(rep.Problems, probs...)
 	mp := filepath.Join(dir, manifestFile)
 	if data, err := os.ReadFile(mp); err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
@@ -287,4 +278,23 @@ func nextStepsSeq(p string) (int64, error) {
 		return 0, fmt.Errorf("first line names a bad seq %q", num)
 	}
 	return seq, nil
+}
+
+// checkArtifacts checks every artifact of st against its recorded hash in
+// the local directory dir.
+func checkArtifacts(dir string, st *state) ([]Problem, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	var probs []Problem
+	for _, a := range st.artifacts(st.stageNames()) {
+		if why := checkOutputsIn(root, []Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
+			probs = append(probs, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
+				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
+				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})
+		}
+	}
+	return probs, nil
 }

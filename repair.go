@@ -265,11 +265,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	st := newState()
-	torn, err := replay(io.NewSectionReader(f, 0, fi.Size()), lp, &st.pos, func(rec *Record, line []byte) error {
-		st.apply(rec)
-		st.lastLen = int64(len(line) + 1)
-		return nil
-	})
+	torn, err := replay(io.NewSectionReader(f, 0, fi.Size()), lp, &st.pos, st.replay)
 	if err != nil {
 		return nil, err
 	}

@@ -544,11 +544,7 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, fromSnapshot boo
 	if st == nil {
 		st = newState()
 	}
-	_, j, err = replayJournal(fsys, dir, f, size, &st.pos, func(rec *Record, line []byte) error {
-		st.apply(rec)
-		st.lastLen = int64(len(line) + 1)
-		return nil
-	})
+	_, j, err = replayJournal(fsys, dir, f, size, &st.pos, st.replay)
 	if err != nil {
 		return nil, false, j, err
 	}
@@ -1106,11 +1102,7 @@ func (r *Run) catchUp() error {
 	}
 	if size > r.st.pos.offset {
 		sr := io.NewSectionReader(r.ledger, r.st.pos.offset, size-r.st.pos.offset)
-		if _, err := replay(sr, r.path(ledgerFile), &r.st.pos, func(rec *Record, line []byte) error {
-			r.st.apply(rec)
-			r.st.lastLen = int64(len(line) + 1)
-			return nil
-		}); err != nil {
+		if _, err := replay(sr, r.path(ledgerFile), &r.st.pos, r.st.replay); err != nil {
 			return err
 		}
 	}

@@ -277,9 +277,12 @@ func staleReason(recorded, current map[string]string) string {
 
 // checkOutputs hashes a done stage's recorded outputs and says which one
 // is missing or altered, or "" when all are as recorded.
-func (r *Run) checkOutputs(outs []Output) string {
+func (r *Run) checkOutputs(outs []Output) string { return checkOutputsIn(r.root, outs) }
+
+// checkOutputsIn is checkOutputs for the run directory root.
+func checkOutputsIn(root *os.Root, outs []Output) string {
 	for _, o := range outs {
-		sum, size, err := r.hashOutput(o.Path)
+		sum, size, err := hashIn(root, o.Path)
 		switch {
 		case isNotExist(err):
 			return fmt.Sprintf("output %s missing", o.Path)
@@ -292,8 +295,12 @@ func (r *Run) checkOutputs(outs []Output) string {
 	return ""
 }
 
-func (r *Run) hashOutput(rel string) (string, int64, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return r.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
+func (r *Run) hashOutput(rel string) (string, int64, error) { return hashIn(r.root, rel) }
+
+// hashIn returns the hex SHA-256 and the size of the regular file rel in
+// root.
+func hashIn(root *os.Root, rel string) (string, int64, error) {
+	f, err := openRegular(func(flag int) (*os.File, error) { return root.OpenFile(filepath.FromSlash(rel), flag, 0) })
 	if err != nil {
 		return "", 0, err
 	}

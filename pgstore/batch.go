@@ -33,7 +33,7 @@ type batch struct {
 
 	head    Position  // the head row as locked
 	now     time.Time // the database's clock, never before the head's
-	inGrace bool      // the server restarted less than grace ago
+	inGrace bool      // the server started less than grace ago
 	tail    [][]byte  // lines after from, read under the lock
 	// dead: the sessions Alive found gone (their locks this transaction
 	// holds shared): a re-run of the batch must find them gone again.
@@ -192,16 +192,27 @@ func (b *batch) Alive(session string) bool {
 	if session == "" {
 		return false
 	}
-	if session == b.ses.id || b.inGrace {
+	if session == b.ses.id {
 		return true
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return false // not a session this store can hold
 	}
-	var free bool
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := b.conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", lockKey(session)).Scan(&free); err != nil {
+	q := "SELECT pg_try_advisory_xact_lock_shared($1)"
+	if b.inGrace {
+		// Only a session that held its lock before the restart may be
+		// reconnecting; one opened since was proven gone by its lock.
+		q = b.s.db.sql(`SELECT CASE WHEN EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $2 AND opened < pg_postmaster_start_time())
+			THEN false ELSE pg_try_advisory_xact_lock_shared($1) END`)
+	}
+	var free bool
+	args := []any{lockKey(session)}
+	if b.inGrace {
+		args = append(args, session)
+	}
+	if err := b.conn.QueryRow(ctx, q, args...).Scan(&free); err != nil {
 		return true
 	}
 	if free {

@@ -146,17 +146,19 @@ func (s *store) Read(ctx context.Context, from Position, fn func(line []byte) er
 }
 
 // Live reports, for each session, whether its lock is held, from pg_locks:
-// no lock is taken. Within the restart grace every session is alive.
+// no lock is taken. Within the restart grace a session that opened before
+// the restart is alive (it may be reconnecting).
 func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
 	keys := make([]int64, len(sessions))
 	for i, id := range sessions {
 		keys[i] = lockKey(id)
 	}
-	rows, err := s.db.pool.Query(ctx, `SELECT k, (now() - pg_postmaster_start_time() < $2::interval) OR EXISTS (
+	rows, err := s.db.pool.Query(ctx, s.db.sql(`SELECT k, (now() - pg_postmaster_start_time() < $3::interval
+		AND EXISTS (SELECT 1 FROM {s}.sessions WHERE id::text = u.id AND opened < pg_postmaster_start_time())) OR EXISTS (
 		SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid AND l.objsubid = 1)
-		FROM unnest($1::bigint[]) k`, keys, grace)
+		FROM unnest($1::bigint[], $2::text[]) u(k, id)`), keys, sessions, grace)
 	if err != nil {
 		return nil, s.db.connectError(err)
 	}
