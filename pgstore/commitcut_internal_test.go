@@ -64,28 +64,40 @@ func (f *cutFixture) open(t *testing.T, db *DB, clean bool) (Store, string, Posi
 
 // markedBatch appends n records whose lines carry marker, in one batch
 // from pos, and ends it with Sync (sync) or with Unlock alone (a lazy
-// batch, as begins are). It returns the batch's error and the position
-// after it.
-func markedBatch(t *testing.T, st Store, from Position, session, marker string, n int, sync bool) (Position, error) {
-	t.Helper()
-	ctx := context.Background()
+// batch, as begins are). It returns the position after the batch and the
+// first error of Lock, Append, Sync or Unlock. Safe to call from any
+// goroutine.
+func markedBatch(ctx context.Context, st Store, from Position, session, marker string, n int, sync bool) (Position, error) {
+	return eventBatch(ctx, st, from, session, "note", marker, n, sync)
+}
+
+// eventBatch is markedBatch with records of event ev.
+func eventBatch(ctx context.Context, st Store, from Position, session, ev, marker string, n int, sync bool) (Position, error) {
 	b, err := st.Lock(ctx, from)
-	require.NoError(t, err)
+	if err != nil {
+		return from, err
+	}
 	pos := from
-	require.NoError(t, b.Tail(func(line []byte) error {
+	if err := b.Tail(func(line []byte) error {
 		pos = Position{Seq: pos.Seq + 1, Hash: lineHash(line), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 		return nil
-	}))
+	}); err != nil {
+		_ = b.Abort()
+		return from, err
+	}
 	var recs []*runstate.Record
 	var lines bytes.Buffer
 	for i := range n {
-		rec := &runstate.Record{Seq: pos.Seq + 1, At: b.Now(), Ev: "note", Session: session, Note: fmt.Sprintf("%s %d", marker, i), Prev: pos.Hash}
-		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"note","session":%q,"note":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, rec.Note, pos.Hash)
+		rec := &runstate.Record{Seq: pos.Seq + 1, At: b.Now(), Ev: ev, Session: session, Note: fmt.Sprintf("%s %d", marker, i), Prev: pos.Hash}
+		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":%q,"session":%q,"note":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), ev, session, rec.Note, pos.Hash)
 		recs = append(recs, rec)
 		lines.WriteString(line + "\n")
 		pos = Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 	}
-	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
+	if err := b.Append(recs, lines.Bytes(), pos); err != nil {
+		_ = b.Abort()
+		return from, err
+	}
 	if sync {
 		if err := b.Sync(ctx); err != nil {
 			_ = b.Abort()
@@ -125,18 +137,19 @@ func TestCommitCutNeverLosesAnAcknowledgedBatchNorRecordsItTwice(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			f := newCutFixture(t)
+			ctx := context.Background()
 			st, session, at := f.open(t, f.db, true)
-			at, err := markedBatch(t, st, at, session, "before", 2, true)
+			at, err := markedBatch(ctx, st, at, session, "before", 2, true)
 			require.NoError(t, err)
 
 			a := f.proxy.Arm(pgproxy.Rule{Cut: c.cut, Match: []string{"cut-me"}})
-			at, err = markedBatch(t, st, at, session, "cut-me", 3, c.sync)
+			at, err = markedBatch(ctx, st, at, session, "cut-me", 3, c.sync)
 			require.True(t, a.Wait(time.Second), "the proxy did not cut: %q", f.proxy.Log())
 			require.NoError(t, err, "the batch must be acknowledged: re-run (cut before COMMIT) or resolved as committed (after)")
 			assert.Equal(t, 3, f.copies(t, "cut-me"), "each record of the batch exactly once")
 
 			// The store goes on from where it is.
-			_, err = markedBatch(t, st, at, session, "after", 1, true)
+			_, err = markedBatch(ctx, st, at, session, "after", 1, true)
 			require.NoError(t, err)
 			lines := readAll(t, f.direct.Store(f.run))
 			assert.Len(t, lines, 6)
@@ -150,12 +163,13 @@ func TestCommitCutNeverLosesAnAcknowledgedBatchNorRecordsItTwice(t *testing.T) {
 // absent; never nil and absent, never twice.
 func TestCommitCutRacingTheCommitIsOneOrNone(t *testing.T) {
 	f := newCutFixture(t)
+	ctx := context.Background()
 	st, session, at := f.open(t, f.db, true)
 	acked := 0
 	for i := range 10 {
 		marker := fmt.Sprintf("race-%d-", i)
 		a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommitSent, Match: []string{marker}})
-		next, err := markedBatch(t, st, at, session, marker, 2, true)
+		next, err := markedBatch(ctx, st, at, session, marker, 2, true)
 		require.True(t, a.Wait(time.Second))
 		n := f.copies(t, marker)
 		if err == nil {
@@ -184,7 +198,7 @@ func TestCommitCutUnresolvableIsReadOnlyAndOpenFindsTheOutcome(t *testing.T) {
 	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommit, Match: []string{"cut-me"}})
 	f.proxy.Refuse(false)
 	go func() { <-a.Fired(); f.proxy.Refuse(true) }()
-	_, err := markedBatch(t, st, at, session, "cut-me", 2, true)
+	_, err := markedBatch(ctx, st, at, session, "cut-me", 2, true)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, runstate.ErrReadOnly)
 	assert.Contains(t, err.Error(), "commit outcome unknown")
@@ -203,6 +217,7 @@ func TestCommitCutUnresolvableIsReadOnlyAndOpenFindsTheOutcome(t *testing.T) {
 // batch fails, nothing of it recorded.
 func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
 	f := newCutFixture(t)
+	ctx := context.Background()
 	st, session, at := f.open(t, f.db, true)
 	otherStore, otherSession, _ := f.open(t, f.direct, true)
 
@@ -214,12 +229,12 @@ func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
 	go func() {
 		<-a.Fired()
 		f.proxy.Refuse(true)
-		_, err := markedBatch(t, otherStore, Position{}, otherSession, "other", 1, true)
+		_, err := markedBatch(ctx, otherStore, Position{}, otherSession, "other", 1, true)
 		assert.NoError(t, err)
 		f.proxy.Refuse(false)
 		close(moved)
 	}()
-	_, err := markedBatch(t, st, at, session, "cut-me", 2, true)
+	_, err := markedBatch(ctx, st, at, session, "cut-me", 2, true)
 	<-moved
 	require.Error(t, err)
 	assert.ErrorIs(t, err, errRerun)
