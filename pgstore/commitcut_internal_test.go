@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"testing"
 	"time"
@@ -240,4 +241,72 @@ func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
 	assert.ErrorIs(t, err, errRerun)
 	assert.Equal(t, 0, f.copies(t, "cut-me"))
 	assert.Equal(t, 1, f.copies(t, "other"))
+}
+
+// A blob upload (more than one chunk, one transaction) cut in the middle
+// stores nothing: the blob is still missing and has no chunks; cut after
+// its COMMIT, it is there. Either way Put again succeeds (idempotent) and
+// Get returns the bytes.
+func TestCommitCutDuringBlobUpload(t *testing.T) {
+	for _, cut := range []pgproxy.Cut{pgproxy.OnMatch, pgproxy.AfterCommit} {
+		t.Run(cut.String(), func(t *testing.T) {
+			f := newCutFixture(t)
+			ctx := context.Background()
+			data := bytes.Repeat([]byte("blob bytes "), 2*chunkSize/11+100)
+			copy(data[chunkSize:], "SECOND-CHUNK-MARK")
+			sum := lineHash(data)
+			bs := f.db.Store(f.run).Blobs()
+			a := f.proxy.Arm(pgproxy.Rule{Cut: cut, Match: []string{"blob_chunks", "SECOND-CHUNK-MARK"}})
+			err := bs.Put(ctx, sum, int64(len(data)), bytes.NewReader(data))
+			require.True(t, a.Wait(time.Second), "the proxy did not cut: %q", f.proxy.Log())
+			assert.Error(t, err, "the cut connection is an error")
+			missing, err := f.direct.Store(f.run).Blobs().Missing(ctx, []string{sum})
+			require.NoError(t, err)
+			var chunks int
+			require.NoError(t, f.direct.pool.QueryRow(ctx, f.direct.sql(`SELECT count(*) FROM {s}.blob_chunks WHERE sha256 = decode($1, 'hex')`), sum).Scan(&chunks))
+			if cut == pgproxy.OnMatch {
+				assert.Equal(t, []string{sum}, missing, "a blob cut mid-upload is missing")
+				assert.Zero(t, chunks, "and has no chunks")
+			} else {
+				assert.Empty(t, missing, "a blob whose COMMIT landed is there")
+				assert.Equal(t, 3, chunks)
+			}
+			require.NoError(t, bs.Put(ctx, sum, int64(len(data)), bytes.NewReader(data)))
+			rc, err := bs.Get(ctx, sum)
+			require.NoError(t, err)
+			got, err := io.ReadAll(rc)
+			rc.Close()
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(data, got))
+		})
+	}
+}
+
+// The session's lock connection is cut and it cannot reconnect; meanwhile
+// another session finds it gone and records so. When it can reconnect
+// again it stays lost: every append fails with ErrSessionLost.
+func TestCommitCutLockConnectionStaysLostWhenDeclaredGone(t *testing.T) {
+	f := newCutFixture(t)
+	ctx := context.Background()
+	st, session, at := f.open(t, f.db, true)
+	other, otherSession, _ := f.open(t, f.direct, true)
+	at, err := markedBatch(ctx, st, at, session, "before", 1, true)
+	require.NoError(t, err)
+	f.proxy.Refuse(true)
+	require.Equal(t, 1, f.proxy.CutWhere(func(c pgproxy.Conn) bool { return c.Saw("pg_try_advisory_lock(") }))
+	waitFor(t, 5*time.Second, func() bool {
+		b, err := other.Lock(ctx, Position{})
+		require.NoError(t, err)
+		defer b.Abort()
+		return !b.Alive(session)
+	}, "the cut session gone to the others")
+	_, err = eventBatch(ctx, other, at, otherSession, "interrupted", "session "+session+" is gone", 1, true)
+	require.NoError(t, err)
+	f.proxy.Refuse(false)
+	time.Sleep(lostAfter + 2*pingEvery) // it reconnects, finds the record, gives up
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err = markedBatch(actx, st, at, session, "after", 1, true)
+	assert.ErrorIs(t, err, ErrSessionLost)
+	assert.Zero(t, f.copies(t, "after"))
 }

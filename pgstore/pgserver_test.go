@@ -140,3 +140,12 @@ func poll(d, step time.Duration, ok func() bool) (time.Duration, bool) {
 		time.Sleep(step)
 	}
 }
+
+// waitFor polls ok every 10 ms for up to d, and fails the test naming
+// what it waited for.
+func waitFor(t *testing.T, d time.Duration, ok func() bool, what string) {
+	t.Helper()
+	if _, done := poll(d, 10*time.Millisecond, ok); !done {
+		t.Fatalf("no %s within %v", what, d)
+	}
+}
