@@ -233,7 +233,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		if err := keepsAcknowledged(fsys, dir, lp, o, at); err != nil {
 			return nil, err
 		}
-		if live := liveSessions(dir); len(live) > 0 {
+		if live := newDirStore(dir, Options{}).liveSessions(); len(live) > 0 {
 			return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before cutting acknowledged records",
 				ErrBusy, strings.Join(live, ", "), dir)
 		}
@@ -346,20 +346,6 @@ func countLines(r io.Reader) (int, error) {
 			return 0, err
 		}
 	}
-}
-
-// liveSessions lists the sessions whose lock file in logs/sessions is
-// held: processes that have the run open. The caller holds the ledger lock.
-func liveSessions(dir string) []string {
-	r := &Run{dir: dir, abs: dir}
-	ents, _ := os.ReadDir(r.path(sessionsDir))
-	var live []string
-	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok && r.alive(id) {
-			live = append(live, id)
-		}
-	}
-	return live
 }
 
 // keepsAcknowledged refuses a TruncateAt cut at byte at that would drop
