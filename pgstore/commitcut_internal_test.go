@@ -53,7 +53,7 @@ func newCutFixture(t *testing.T) *cutFixture {
 
 // open opens the run through db in a new session, closed (clean or not)
 // at the test's end.
-func (f *cutFixture) open(t *testing.T, db *DB, clean bool) (Store, string, Position) {
+func (f *cutFixture) open(t *testing.T, db *DB, clean bool) (runstate.Store, string, runstate.Position) {
 	t.Helper()
 	st := db.Store(f.run)
 	session := newSession(t)
@@ -68,19 +68,19 @@ func (f *cutFixture) open(t *testing.T, db *DB, clean bool) (Store, string, Posi
 // batch, as begins are). It returns the position after the batch and the
 // first error of Lock, Append, Sync or Unlock. Safe to call from any
 // goroutine.
-func markedBatch(ctx context.Context, st Store, from Position, session, marker string, n int, sync bool) (Position, error) {
+func markedBatch(ctx context.Context, st runstate.Store, from runstate.Position, session, marker string, n int, sync bool) (runstate.Position, error) {
 	return eventBatch(ctx, st, from, session, "note", marker, n, sync)
 }
 
 // eventBatch is markedBatch with records of event ev.
-func eventBatch(ctx context.Context, st Store, from Position, session, ev, marker string, n int, sync bool) (Position, error) {
+func eventBatch(ctx context.Context, st runstate.Store, from runstate.Position, session, ev, marker string, n int, sync bool) (runstate.Position, error) {
 	b, err := st.Lock(ctx, from)
 	if err != nil {
 		return from, err
 	}
 	pos := from
 	if err := b.Tail(func(line []byte) error {
-		pos = Position{Seq: pos.Seq + 1, Hash: lineHash(line), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+		pos = runstate.Position{Seq: pos.Seq + 1, Hash: lineHash(line), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 		return nil
 	}); err != nil {
 		_ = b.Abort()
@@ -93,7 +93,7 @@ func eventBatch(ctx context.Context, st Store, from Position, session, ev, marke
 		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":%q,"session":%q,"note":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), ev, session, rec.Note, pos.Hash)
 		recs = append(recs, rec)
 		lines.WriteString(line + "\n")
-		pos = Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+		pos = runstate.Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 	}
 	if err := b.Append(recs, lines.Bytes(), pos); err != nil {
 		_ = b.Abort()
@@ -230,7 +230,7 @@ func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
 	go func() {
 		<-a.Fired()
 		f.proxy.Refuse(true)
-		_, err := markedBatch(ctx, otherStore, Position{}, otherSession, "other", 1, true)
+		_, err := markedBatch(ctx, otherStore, runstate.Position{}, otherSession, "other", 1, true)
 		assert.NoError(t, err)
 		f.proxy.Refuse(false)
 		close(moved)
@@ -284,7 +284,7 @@ func TestCommitCutDuringBlobUpload(t *testing.T) {
 
 // The session's lock connection is cut and it cannot reconnect; meanwhile
 // another session finds it gone and records so. When it can reconnect
-// again it stays lost: every append fails with ErrSessionLost.
+// again it stays lost: every append fails with runstate.ErrSessionLost.
 func TestCommitCutLockConnectionStaysLostWhenDeclaredGone(t *testing.T) {
 	f := newCutFixture(t)
 	ctx := context.Background()
@@ -295,7 +295,7 @@ func TestCommitCutLockConnectionStaysLostWhenDeclaredGone(t *testing.T) {
 	f.proxy.Refuse(true)
 	require.Equal(t, 1, f.proxy.CutWhere(func(c pgproxy.Conn) bool { return c.Saw("pg_try_advisory_lock(") }))
 	waitFor(t, 5*time.Second, func() bool {
-		b, err := other.Lock(ctx, Position{})
+		b, err := other.Lock(ctx, runstate.Position{})
 		require.NoError(t, err)
 		defer b.Abort()
 		return !b.Alive(session)
@@ -307,6 +307,6 @@ func TestCommitCutLockConnectionStaysLostWhenDeclaredGone(t *testing.T) {
 	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	_, err = markedBatch(actx, st, at, session, "after", 1, true)
-	assert.ErrorIs(t, err, ErrSessionLost)
+	assert.ErrorIs(t, err, runstate.ErrSessionLost)
 	assert.Zero(t, f.copies(t, "after"))
 }

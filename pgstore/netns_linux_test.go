@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -91,46 +92,41 @@ func (m *machine) restore(t testing.TB) {
 	}
 }
 
-// A machine holding the run vanishes from the network (its link cut: no
-// FIN, no RST). The server drops its session lock within tcp_user_timeout,
-// so the others take it for gone within userTimeout + 2 s of the cut;
-// they record it gone; when the network comes back, the cut-off process
-// cannot append any more (ErrSessionLost), and wrote nothing after its
-// last acknowledged record.
-func TestMachineDeathTakenOverAndFenced(t *testing.T) {
+// A machine holding a stage vanishes (its link cut): the parent's Begin
+// takes the stage over within userTimeout + 2 s; when the network comes
+// back, the cut-off process's Complete fails with ErrSessionLost; one
+// complete per attempt (attempt 2's, the parent's).
+func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 	m := newMachine(t)
 	srv := startServer(t, []string{m.hostIP}, []string{m.network})
 	ctx := context.Background()
 	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=netns")
 	require.NoError(t, err)
 	defer db.Close()
-	p := newProbe(t, db, "run")
-	ch := startChild(t, "holder", holderArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run"}, m.wrap()...)
+	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "pgfault"})
+	require.NoError(t, err)
+	defer run.Close()
+	ch := startChild(t, "stageholder", stageHolderArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir(), Stage: "held"}, m.wrap()...)
 	var h holding
 	ch.expect("holding", time.Minute, &h)
-	require.True(t, p.alive(h.Session))
-	time.Sleep(2 * pingEvery) // the holder's pinger is talking: the cut leaves a send unacknowledged
+	_, err = run.Begin(ctx, "held")
+	require.ErrorIs(t, err, runstate.ErrBusy)
+	time.Sleep(2 * pingEvery)
 
-	start := time.Now()
 	m.cut(t)
-	d, gone := poll(userTimeout+20*time.Second, 10*time.Millisecond, func() bool { return !p.alive(h.Session) })
-	require.True(t, gone, "the cut-off session is still alive %v after the cut", d)
-	t.Logf("machine death -> session gone after %v (tcp_user_timeout %v)", d.Round(time.Millisecond), userTimeout)
-	assert.LessOrEqual(t, d, userTimeout+2*time.Second, "takeover slower than tcp_user_timeout + 2 s")
-
-	// The others record it gone (as an interrupted record names it).
-	var at Position
-	for _, l := range readAll(t, db.Store("run")) {
-		at = Position{Seq: at.Seq + 1, Hash: lineHash(l), End: at.End + int64(len(l)+1), LastLen: int64(len(l) + 1)}
-	}
-	_, err = eventBatch(ctx, p.st, at, p.session, "interrupted", "session "+h.Session+" is gone", 1, true)
-	require.NoError(t, err)
+	st, took := takeOver(t, run, "held", userTimeout+20*time.Second, 10*time.Millisecond)
+	t.Logf("machine death -> stage taken over after %v (tcp_user_timeout %v)", took.Round(time.Millisecond), userTimeout)
+	assert.LessOrEqual(t, took, userTimeout+2*time.Second, "takeover slower than tcp_user_timeout + 2 s")
+	assert.Equal(t, 2, st.Attempt())
 
 	m.restore(t)
-	time.Sleep(time.Since(start) / 10) // routes back
-	ch.tell("append")
-	var res appendResult
-	ch.expect("appended", time.Minute, &res)
-	assert.True(t, res.Lost, "the cut-off process's append must fail with ErrSessionLost; got seq %d, error %q", res.Seq, res.Err)
-	assert.Equal(t, []int64{h.Seq}, sessionRecords(t, db, "run", h.Session), "the cut-off session's records: its last acknowledged one, nothing after")
+	time.Sleep(time.Second)
+	ch.tell("complete")
+	var res stageResult
+	ch.expect("completed", time.Minute, &res)
+	assert.True(t, res.Lost, "the cut-off process's Complete must fail with ErrSessionLost; got %q", res.Err)
+	require.NoError(t, st.Complete())
+	recs := ledger(t, db, "run")
+	assert.Equal(t, map[int]int{2: 1}, completesOf(recs, "held"), "completes of held by attempt")
+	checkInterrupted(t, recs, "held", h)
 }

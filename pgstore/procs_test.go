@@ -18,8 +18,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 const (
@@ -217,7 +215,3 @@ func (c *child) wait(d time.Duration) error {
 		return nil
 	}
 }
-
-// newSessionID is a new session id, for goroutines and children
-// (newSession needs a t).
-func newSessionID() string { return uuid.Must(uuid.NewV7()).String() }
