@@ -79,13 +79,30 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 	if err != nil {
 		return nil, err
 	}
-	if err := ses.check(ctx); err != nil {
-		return nil, err
-	}
 	runID, err := s.id(ctx)
 	if err != nil {
 		return nil, err
 	}
+	for try := 0; ; try++ {
+		// A lock connection being re-established is waited for.
+		if err := ses.check(ctx); err != nil {
+			return nil, err
+		}
+		b, err := s.lockOnce(ctx, ses, runID, from)
+		if err == nil {
+			return b, nil
+		}
+		// Nothing was written: a batch whose session was re-holding its
+		// lock, or whose pooled connection had died (a server restart),
+		// is tried again.
+		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+			continue
+		}
+		return nil, err
+	}
+}
+
+func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from runstate.Position) (*batch, error) {
 	conn, err := s.db.pool.Acquire(ctx)
 	if err != nil {
 		return nil, s.db.connectError(err)
