@@ -106,7 +106,7 @@ func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "pgfault"})
 	require.NoError(t, err)
 	defer run.Close()
-	ch := startChild(t, "stageholder", stageHolderArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir(), Stage: "held"}, m.wrap()...)
+	ch := startChild(t, "stageholder", stageHolderArgs{runArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}, "held"}, m.wrap()...)
 	var h holding
 	ch.expect("holding", time.Minute, &h)
 	_, err = run.Begin(ctx, "held")

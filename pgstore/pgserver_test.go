@@ -149,3 +149,12 @@ func waitFor(t *testing.T, d time.Duration, ok func() bool, what string) {
 		t.Fatalf("no %s within %v", what, d)
 	}
 }
+
+// crash stops the server as a crash would (pg_ctl stop -m immediate: no
+// checkpoint, the next start replays the WAL).
+func (s *pgServer) crash(t testing.TB) {
+	t.Helper()
+	if err := s.run("pg_ctl", "-D", s.data, "-m", "immediate", "-w", "stop"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
 
@@ -90,34 +91,28 @@ var errRerun = errors.New("the run changed since the batch was decided")
 // (no other writer appended meanwhile), this session still holds its lock,
 // and every session the batch found gone is still gone (one may have
 // taken its lock again meanwhile: then the batch's interrupted records
-// would be false). Then it sends commitBatch once more; a reply lost again
-// is resolved again, never re-run twice.
+// would be false). A session whose lock is being taken again (a server
+// restart dropped every lock) is waited for, as Lock does. Then it sends
+// commitBatch once more; a reply lost again is resolved again, never
+// re-run twice.
 func (b *batch) rerun(ctx context.Context, lazy bool) error {
 	ctx, cancel := context.WithTimeout(ctx, CommitTimeout)
 	defer cancel()
-	conn, err := b.s.db.pool.Acquire(ctx)
-	if err != nil {
-		return b.s.db.connectError(err)
-	}
-	b.conn.Release() // broken, or in a transaction: the pool drops it
-	b.conn = conn
-	var pb pgx.Batch
-	pb.Queue("BEGIN")
-	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
-	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
-	for _, d := range b.dead {
-		pb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(d))
-	}
-	br := conn.SendBatch(ctx, &pb)
-	err = b.recheck(br)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_, _ = conn.Exec(ctx, "ROLLBACK")
+	var conn *pgxpool.Conn
+	for try := 0; ; try++ {
+		if err := b.ses.check(ctx); err != nil {
+			return err
+		}
+		var err error
+		if conn, err = b.relock(ctx); err == nil {
+			break
+		}
+		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+			continue
+		}
 		return err
 	}
-	err = conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	err := conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
 	switch {
 	case err == nil:
 		b.committed()
@@ -137,7 +132,36 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 	return nil
 }
 
-// recheck reads the answers of rerun's locking round trip.
+// relock takes a new pooled connection for the batch (the old one is
+// broken, or in a transaction: the pool drops it), locks the head row
+// there and checks that nothing the batch was decided on has changed.
+func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := b.s.db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, b.s.db.connectError(err)
+	}
+	b.conn.Release()
+	b.conn = conn
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
+	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
+	for _, d := range b.dead {
+		pb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(d))
+	}
+	br := conn.SendBatch(ctx, &pb)
+	err = b.recheck(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+		return nil, err
+	}
+	return conn, nil
+}
+
+// recheck reads the answers of relock's round trip.
 func (b *batch) recheck(br pgx.BatchResults) error {
 	if _, err := br.Exec(); err != nil {
 		return err

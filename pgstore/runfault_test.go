@@ -24,9 +24,39 @@ type holding struct {
 	Session string
 }
 
+// runArgs say where a role's run is: the DSN with its schema, the run's
+// name, the role's working directory.
+type runArgs struct {
+	DSN, Run, Dir string
+}
+
+func (a *runArgs) where() runArgs { return *a }
+
+// openRun decodes a role's arguments from raw into args and opens the run
+// they name: it connects to the DSN and opens the run in the directory.
+// closeDB closes the connection pool (the run is the role's to close, or
+// not, when it plays a killed process).
+func openRun(ctx context.Context, raw json.RawMessage, args interface{ where() runArgs }) (run *runstate.Run, closeDB func(), err error) {
+	if err := json.Unmarshal(raw, args); err != nil {
+		return nil, nil, err
+	}
+	a := args.where()
+	db, err := Connect(ctx, a.DSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	run, err = db.Open(ctx, a.Run, a.Dir, &runstate.Options{Request: "pgfault"})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return run, db.Close, nil
+}
+
 // stageHolderArgs are the stageholder role's arguments.
 type stageHolderArgs struct {
-	DSN, Run, Dir, Stage string
+	runArgs
+	Stage string
 }
 
 // stageResult is what a stageholder reports after "complete".
@@ -42,18 +72,11 @@ func init() { roles["stageholder"] = stageHolderRole }
 // and reports the result.
 func stageHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) error {
 	var a stageHolderArgs
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return err
-	}
-	db, err := Connect(ctx, a.DSN)
+	run, closeDB, err := openRun(ctx, raw, &a)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	run, err := db.Open(ctx, a.Run, a.Dir, &runstate.Options{Request: "pgfault"})
-	if err != nil {
-		return err
-	}
+	defer closeDB()
 	st, err := run.Begin(ctx, a.Stage)
 	if err != nil {
 		return err
@@ -153,7 +176,7 @@ func TestRunKilledHolderInterruptedWithinBound(t *testing.T) {
 	var lat []time.Duration
 	for round := range 5 {
 		stage := fmt.Sprintf("held%d", round)
-		ch := startChild(t, "stageholder", stageHolderArgs{DSN: dsn, Run: "run", Dir: t.TempDir(), Stage: stage})
+		ch := startChild(t, "stageholder", stageHolderArgs{runArgs{DSN: dsn, Run: "run", Dir: t.TempDir()}, stage})
 		var h holding
 		ch.expect("holding", 30*time.Second, &h)
 		_, err := run.Begin(ctx, stage)
