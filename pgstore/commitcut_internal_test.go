@@ -341,3 +341,34 @@ func TestCommitCutLockConnectionReheldAppendsGoOn(t *testing.T) {
 	}, "the session's lock held again")
 	assert.Equal(t, 20, f.copies(t, "during-"))
 }
+
+// The connection is cut before the COMMIT, and the session's lock
+// connection with it (as a server restart drops both): the re-run finds
+// the session's own lock free, waits until the session holds it again,
+// and then lands the batch once.
+func TestCommitCutRerunWaitsForTheLockTakenAgain(t *testing.T) {
+	f := newCutFixture(t)
+	ctx := context.Background()
+	st, session, at := f.open(t, f.db, true)
+	probe := f.direct.Store(f.run)
+	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"cut-me"}})
+	f.proxy.Refuse(false)
+	go func() {
+		<-a.Fired()
+		// No new connection (the re-run's, the re-hold's) until the
+		// server has freed the session's lock.
+		f.proxy.Refuse(true)
+		f.proxy.CutWhere(func(c pgproxy.Conn) bool { return c.Saw("pg_try_advisory_lock(") })
+		poll(5*time.Second, time.Millisecond, func() bool {
+			live, err := probe.Live(ctx, []string{session})
+			return err == nil && !live[session]
+		})
+		f.proxy.Refuse(false)
+	}()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := markedBatch(actx, st, at, session, "cut-me", 2, true)
+	require.True(t, a.Wait(time.Second))
+	require.NoError(t, err, "the re-run must wait for the session's lock, then land")
+	assert.Equal(t, 2, f.copies(t, "cut-me"))
+}
