@@ -142,3 +142,98 @@ func (c *crashRun) writer(ctx context.Context, w int, after *atomic.Int32) error
 		}
 	}
 }
+
+// The server crashes while two Runs (two working directories) checkpoint
+// stages with Do; it starts again and they go on. Every stage whose Do
+// returned nil has exactly one complete; no stage has two; the ledger
+// verifies; each Run finishes its stages. A Do that failed around the
+// crash leaves its stage running (its begin landed); for up to the
+// restart grace the stage is busy (sessions count as alive); a writer
+// whose Do keeps failing for 3 s opens the run again, as a user would,
+// and the new session takes the stage over. How often is logged.
+func TestServerCrashRunsResume(t *testing.T) {
+	srv := startServer(t, nil, nil)
+	ctx := context.Background()
+	dsn := srv.dsn("127.0.0.1") + "&schema=crashrun"
+	db, err := Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	const runs, stages = 2, 60
+	var acked [runs][]string
+	var reopened atomic.Int32
+	var done atomic.Int32
+	var wg sync.WaitGroup
+	for w := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dir := t.TempDir()
+			open := func() *runstate.Run {
+				for {
+					r, err := db.Open(ctx, "run", dir, &runstate.Options{Request: "pgfault crash"})
+					if err == nil {
+						return r
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			run := open()
+			defer func() { run.Close() }()
+			var failing time.Time // since when Do fails, or zero
+			var first error
+			for i := 0; i < stages; {
+				name := fmt.Sprintf("w%d-s%d", w, i)
+				dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				err := run.Do(dctx, name, func(context.Context, *runstate.Stage) error { return nil })
+				cancel()
+				switch {
+				case err == nil:
+					acked[w] = append(acked[w], name)
+					done.Add(1)
+					i, failing = i+1, time.Time{}
+					continue
+				case failing.IsZero():
+					failing, first = time.Now(), err
+				case time.Since(failing) > time.Minute:
+					t.Errorf("run %d: %s failed for a minute; the first error: %v; the last: %v", w, name, first, err)
+					return
+				}
+				if errors.Is(err, runstate.ErrReadOnly) || errors.Is(err, runstate.ErrSessionLost) || time.Since(failing) > 3*time.Second {
+					t.Logf("run %d: opened again after %s failed: %v", w, name, err)
+					reopened.Add(1)
+					run.Close()
+					run = open()
+					continue
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	waitFor(t, 20*time.Second, func() bool { return done.Load() >= 20 }, "20 stages done before the crash")
+	srv.crash(t)
+	srv.start(t)
+	wg.Wait()
+	recs := ledger(t, db, "run")
+	for w := range runs {
+		for _, s := range acked[w] {
+			c := 0
+			for _, n := range completesOf(recs, s) {
+				c += n
+			}
+			assert.Equal(t, 1, c, "acknowledged stage %s: one complete (of attempt 1, or of a later one after a failed Do)", s)
+		}
+	}
+	n := map[string]int{}
+	for _, r := range recs {
+		if r.Ev == "complete" {
+			n[r.Stage]++
+		}
+	}
+	for s, c := range n {
+		assert.Equal(t, 1, c, "stage %s completed %d times", s, c)
+	}
+	rep, err := db.Verify(ctx, "run")
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep.Problems)
+	t.Logf("%d records, %d stages done; Runs opened again after the crash: %d", len(recs), done.Load(), reopened.Load())
+}
