@@ -23,7 +23,7 @@ import (
 var grace = 10 * time.Second
 
 // batch is one append transaction on a pooled connection: the run's head
-// row locked FOR UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
+// row locked FOR NO KEY UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
 // (Abort). Not safe for concurrent use: the group-commit leader drives it.
 type batch struct {
 	s     *store
@@ -40,12 +40,16 @@ type batch struct {
 	dead []string
 
 	// What Append queued, sent with the COMMIT in one round trip.
-	rows    recordRows
-	outs    outputRows
-	to      runstate.Position
-	publish *projection
-	synced  bool
-	done    bool
+	rows   recordRows
+	outs   outputRows
+	to     runstate.Position
+	synced bool
+	failed bool // Sync failed: Unlock and Abort only roll back
+	done   bool
+	// inline: the small blobs this batch's COMMIT carries (blobs.go),
+	// taken once, so that a re-run of the commit carries them again.
+	inline []inlineBlob
+	took   bool
 }
 
 type recordRows struct {
@@ -64,13 +68,8 @@ type outputRows struct {
 	size []int64
 }
 
-type projection struct {
-	at                runstate.Position
-	manifest, handoff []byte
-}
-
 // Lock starts the batch's transaction in one pipelined round trip: BEGIN,
-// the head row FOR UPDATE (which serializes the run's writers on every
+// the head row FOR NO KEY UPDATE (which serializes the run's writers on every
 // machine), then, as statements of their own so that they run after the
 // wait for the row, the session's self-fence (its own lock must not be
 // takeable), the clock, and the records after from.
@@ -92,14 +91,27 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 		if err == nil {
 			return b, nil
 		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, s.waitError(ctx, cerr)
+		}
 		// Nothing was written: a batch whose session was re-holding its
 		// lock, or whose pooled connection had died (a server restart),
 		// is tried again.
-		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+		if try < 3 && (errors.Is(err, errRehold) || isConnError(err)) {
 			continue
 		}
 		return nil, err
 	}
+}
+
+// waitError is Lock's error when ctx ended first: it wraps ctx's error
+// (and runstate.ErrLockTimeout for a deadline) and says who held the run.
+func (s *store) waitError(ctx context.Context, cerr error) error {
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w: the head row of %s was held by another session's batch (see pg_stat_activity for its client); nothing was recorded",
+			runstate.ErrLockTimeout, cerr, s)
+	}
+	return fmt.Errorf("%w: waiting for the head row of %s; nothing was recorded", cerr, s)
 }
 
 func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from runstate.Position) (*batch, error) {
@@ -108,18 +120,74 @@ func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from r
 		return nil, s.db.connectError(err)
 	}
 	b := &batch{s: s, ses: ses, conn: conn, runID: runID}
-	if err := b.begin(ctx, from); err != nil {
+	if err := b.begin(ctx, from, false); err != nil {
 		b.release()
 		return nil, err
 	}
 	return b, nil
 }
 
-func (b *batch) begin(ctx context.Context, from runstate.Position) error {
+// TryLock is Lock without a wait (runstate.TryLocker): the head row is
+// locked FOR NO KEY UPDATE NOWAIT, and ok is false when another session holds it,
+// or when this session's lock connection is being re-established (Lock
+// waits for that). It saves the committer a hand-off to a goroutine per
+// batch.
+func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
+	ses, err := s.session()
+	if err != nil {
+		return nil, false, err
+	}
+	ses.mu.Lock()
+	conn, lost := ses.conn, ses.lost
+	ses.mu.Unlock()
+	if lost != nil {
+		return nil, false, lost
+	}
+	if conn == nil {
+		return nil, false, nil
+	}
+	ctx := context.Background()
+	runID, err := s.id(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	pc, err := s.db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, nil // Lock reports it
+	}
+	b := &batch{s: s, ses: ses, conn: pc, runID: runID}
+	err = b.begin(ctx, from, true)
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return b, true, nil
+	case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, _ = pc.Exec(cctx, "ROLLBACK") // keep the pooled connection
+		cancel()
+		b.release()
+		return nil, false, nil
+	case errors.Is(err, errRehold) || isConnError(err):
+		b.release()
+		return nil, false, nil // Lock waits and tries again
+	}
+	b.release()
+	return nil, false, err
+}
+
+func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) error {
 	db := b.s.db
 	var pb pgx.Batch
 	pb.Queue("BEGIN")
-	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
+	// FOR NO KEY UPDATE: exclusive among writers (and against FOR
+	// UPDATE), but not against the FOR KEY SHARE of other transactions'
+	// foreign-key checks on the row (a session's row, a projection), which
+	// FOR UPDATE would make wait and could deadlock with.
+	lock := "FOR NO KEY UPDATE"
+	if nowait {
+		lock = "FOR NO KEY UPDATE NOWAIT"
+	}
+	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 `+lock), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1), clock_timestamp(), now() - pg_postmaster_start_time() < $2::interval`,
 		b.ses.key, grace)
 	pb.Queue(db.sql(`SELECT seq, line FROM {s}.records WHERE run_id = $1 AND seq > $2 ORDER BY seq`), b.runID, from.Seq)
@@ -131,8 +199,11 @@ func (b *batch) begin(ctx context.Context, from runstate.Position) error {
 	var hash []byte
 	var lastAt *time.Time
 	if err := br.QueryRow().Scan(&b.head.Seq, &hash, &b.head.End, &b.head.LastLen, &lastAt); err != nil {
+		var pe *pgconn.PgError
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("pgstore: run %s is gone from %s.runs (deleted by hand?)", b.s.name, db.schema)
+		} else if errors.As(err, &pe) && pe.Code == "55P03" {
+			return err
 		}
 		return db.rightsError("lock run "+b.s.name, err)
 	}
@@ -314,14 +385,19 @@ func (b *batch) Sync(ctx context.Context) error {
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
+	} else {
+		b.failed = true
 	}
 	return err
 }
 
-// Publish stores the projections (newest seq wins), in the batch's
-// transaction when it has not committed yet, else at Unlock.
+// Publish keeps the projections for the database (each, newest seq wins):
+// they are written with this batch's COMMIT when it has not committed yet,
+// else with the next batch's (or at a clean Close), so that they never
+// cost a transaction of their own. The handoff is written at most once a
+// second (handoffEvery): readers render it from the records anyway.
 func (b *batch) Publish(at runstate.Position, manifest, handoff []byte) {
-	b.publish = &projection{at: at, manifest: manifest, handoff: handoff}
+	b.s.pub.keep(at, manifest, handoff)
 }
 
 // Unlock ends the batch: COMMIT with synchronous_commit off when Sync did
@@ -333,9 +409,12 @@ func (b *batch) Unlock() error {
 	}
 	defer b.release()
 	if b.synced {
-		if b.publish != nil {
-			b.publishAlone()
-		}
+		return nil
+	}
+	if b.failed {
+		// Nothing of it committed (or its outcome is the sticky error
+		// Sync returned): the records are not sent again.
+		b.rollback()
 		return nil
 	}
 	return b.commit(context.Background(), true)
@@ -350,12 +429,27 @@ func (b *batch) Abort() error {
 	if b.synced {
 		return nil
 	}
+	if b.failed {
+		b.rollback()
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := b.conn.Exec(ctx, "ROLLBACK"); err != nil {
 		return b.s.db.connectError(err)
 	}
 	return nil
+}
+
+// rollback ends a transaction whose commit failed, best effort (a broken
+// connection is dropped by the pool at release).
+func (b *batch) rollback() {
+	if b.conn.Conn().PgConn().IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = b.conn.Exec(ctx, "ROLLBACK")
 }
 
 func (b *batch) release() {
@@ -392,18 +486,16 @@ ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff =
 WHERE p.handoff_seq < excluded.handoff_seq`
 )
 
-func (b *batch) queuePublish(pb *pgx.Batch) {
-	p := b.publish
-	b.publish = nil
-	hash, err := hex.DecodeString(p.at.Hash)
-	if err != nil {
-		return
+// queuePublish queues the projections due.
+func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
+	m, h := s.pub.take(time.Now(), all)
+	if m != nil {
+		if hash, err := hex.DecodeString(m.at.Hash); err == nil {
+			pb.Queue(s.db.sql(publishManifestSQL), runID, m.at.Seq, hash, m.at.End, m.at.LastLen, m.at.CRC, m.data)
+		}
 	}
-	if p.manifest != nil {
-		pb.Queue(b.s.db.sql(publishManifestSQL), b.runID, p.at.Seq, hash, p.at.End, p.at.LastLen, p.at.CRC, p.manifest)
-	}
-	if p.handoff != nil {
-		pb.Queue(b.s.db.sql(publishHandoffSQL), b.runID, p.at.Seq, string(p.handoff))
+	if h != nil {
+		pb.Queue(s.db.sql(publishHandoffSQL), runID, h.at.Seq, string(h.data))
 	}
 }
 
@@ -413,15 +505,17 @@ func (b *batch) queuePublish(pb *pgx.Batch) {
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	db := b.s.db
 	var pb pgx.Batch
+	if !b.took {
+		b.inline, b.took = b.s.blobs.take(), true
+	}
+	b.s.blobs.queueInline(&pb, b.inline)
 	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
 		headHash, _ := hex.DecodeString(b.head.Hash)
 		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
 			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
 	}
-	if b.publish != nil {
-		b.queuePublish(&pb)
-	}
+	b.s.queuePublish(&pb, b.runID, false)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	}
@@ -442,11 +536,17 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		b.committed()
 		return nil
 	case n == 0:
-		return b.s.db.connectError(err)
+		b.s.blobs.putBack(b.inline)
+		return b.s.db.rightsError("commit a batch of run "+b.s.name, err)
 	case !ambiguous(err):
+		b.s.blobs.putBack(b.inline)
 		return b.appendError(err)
 	}
-	return b.settle(ctx, err, lazy)
+	err = b.settle(ctx, err, lazy)
+	if err != nil {
+		b.s.blobs.putBack(b.inline) // Put again: idempotent
+	}
+	return err
 }
 
 // committed moves the batch's head past what it committed.
@@ -490,16 +590,4 @@ func ambiguous(err error) bool {
 		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
 	}
 	return true
-}
-
-// publishAlone writes a projection after the batch committed.
-func (b *batch) publishAlone() {
-	var pb pgx.Batch
-	pb.Queue("BEGIN")
-	pb.Queue("SET LOCAL synchronous_commit = off")
-	b.queuePublish(&pb)
-	pb.Queue("COMMIT")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = b.conn.SendBatch(ctx, &pb).Close()
 }

@@ -46,7 +46,15 @@ type DB struct {
 // database cannot be reached, with runstate.ErrVersion when the schema was
 // made by a newer pgstore, and, for a user who may not create the schema,
 // with the GRANT to run.
-func Connect(ctx context.Context, dsn string) (*DB, error) {
+func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
+
+// ConnectReadOnly is Connect for programs that only read runs (a status
+// command): it never creates or upgrades the schema, and fails with an
+// error naming the schema when it is missing or at another version. Safe
+// for concurrent use.
+func ConnectReadOnly(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, false) }
+
+func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	dsn, schema, err := splitSchema(dsn)
 	if err != nil {
 		return nil, err
@@ -68,6 +76,16 @@ func Connect(ctx context.Context, dsn string) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig)}
+	// Every connection notices a server it can no longer reach within
+	// about userTimeout, instead of the kernel's minutes: keepalives
+	// when idle, TCP_USER_TIMEOUT (Linux) while data waits for an ACK;
+	// and a connect gives up after userTimeout.
+	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5},
+		Control: userTimeoutControl}
+	cfg.ConnConfig.DialFunc = d.DialContext
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = userTimeout
+	}
 	db.lockCfg = lockConfig(cfg.ConnConfig)
 	if cfg.MaxConns < 8 {
 		cfg.MaxConns = 8
@@ -80,7 +98,12 @@ func Connect(ctx context.Context, dsn string) (*DB, error) {
 		db.pool.Close()
 		return nil, db.connectError(err)
 	}
-	if err := db.migrate(ctx); err != nil {
+	if write {
+		err = db.migrate(ctx)
+	} else {
+		err = db.checkVersion(ctx)
+	}
+	if err != nil {
 		db.pool.Close()
 		return nil, err
 	}
@@ -91,7 +114,7 @@ func Connect(ctx context.Context, dsn string) (*DB, error) {
 // Close is idempotent and safe for concurrent use.
 func (db *DB) Close() { db.pool.Close() }
 
-// Schema is the name of the schema db uses.
+// Schema is the name of the schema db uses. Safe for concurrent use.
 func (db *DB) Schema() string { return db.schema }
 
 // splitSchema removes the schema parameter from a URL DSN. A key=value DSN
@@ -165,8 +188,6 @@ func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 			c.RuntimeParams[k] = v
 		}
 	}
-	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}}
-	c.DialFunc = d.DialContext
 	return c
 }
 
