@@ -1,40 +1,29 @@
 package pgstore
 
-// The pgfault helper owns this file and hardens it (its fault tests drive
-// it); the pg helper wrote this first, simple version so the call site in
-// batch.go and the signature are agreed.
+// Commit ambiguity (DESIGN-pg.md §6). A COMMIT whose reply is lost (the
+// connection broke, or the context ended, after it was sent) may or may
+// not have landed. Asking the table answers it by content, as DBOS's
+// "sameWrite" does: every line carries this session's id and a ns
+// timestamp, so a record with our line's hash at our seq is ours, and no
+// other writer's record ever has it. The answer must come from under the
+// run's head row lock: until the old backend's transaction has ended (its
+// COMMIT still flushing, or an orphaned transaction the server has not yet
+// noticed) a plain SELECT sees "absent", and the records could land after
+// we said so.
 
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
-
-// settle decides the outcome of a batch whose COMMIT (commitBatch) was
-// sent and whose reply was lost (err): committed -> nil; not committed ->
-// an error, nothing recorded (pgfault: re-run the batch once under a fresh
-// lock); unknown -> an error wrapping runstate.ErrReadOnly.
-func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
-	n := len(b.rows.seq)
-	first := commitMark{Seq: b.rows.seq[0], Hash: b.rows.hash[0]}
-	last := commitMark{Seq: b.rows.seq[n-1], Hash: b.rows.hash[n-1]}
-	committed, rerr := resolveCommit(context.WithoutCancel(ctx), b.s.connect, b.runID, first, last)
-	if rerr != nil {
-		return fmt.Errorf("%w: run %s: the connection was lost around the COMMIT of records %d-%d and the outcome is unknown: %v (the next Open finds out from the table)",
-			runstate.ErrReadOnly, b.s.name, first.Seq, last.Seq, rerr)
-	}
-	if committed {
-		b.committed()
-		return nil
-	}
-	return fmt.Errorf("pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed; nothing was recorded: %w",
-		b.s.name, first.Seq, last.Seq, err)
-}
 
 // commitMark names one record of a batch whose COMMIT's outcome is
 // unknown: its seq and the sha256 of its line.
@@ -44,44 +33,220 @@ type commitMark struct {
 }
 
 // CommitTimeout bounds how long resolveCommit tries to reach the database
-// after a connection was lost around a COMMIT (DESIGN-pg.md §6).
+// after a connection was lost around a COMMIT (DESIGN-pg.md §6): past it
+// the outcome is unknown and the Run turns read-only; the next Open reads
+// the outcome from the table. Tests shorten it; set it before opening
+// runs, it is not guarded for concurrent change.
 var CommitTimeout = 30 * time.Second
 
-// resolveCommit finds out whether a batch whose COMMIT's reply was lost
-// committed, by content (DBOS's "sameWrite"): on a new connection (connect
-// sets search_path to the schema), the records at first.Seq and last.Seq
-// have our lines' hashes -> committed; absent or other -> not committed
-// (every line carries this session's id and a ns timestamp, so another
-// writer's record never has our hash). It reconnects with backoff until
-// CommitTimeout; an error means the outcome is still unknown.
+// errHalf: one transaction wrote both records or neither, so finding one
+// of them means the table was edited; no retry helps.
+var errHalf = errors.New("only one of them is in the table (the records table was edited by hand?); run 'runstate verify'")
+
+// settle decides the outcome of a batch whose commitBatch was sent and
+// whose reply was lost (err): committed -> nil, as if the reply had come.
+// Not committed -> the batch is run again, once, on a fresh connection
+// under a fresh lock (rerun), when nothing it was decided on changed
+// meanwhile; else an error, nothing recorded. Unknown -> an error
+// wrapping runstate.ErrReadOnly ("commit outcome unknown"): the Run
+// refuses every later write, and the next Open reads the outcome from the
+// table.
+func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
+	ctx = context.WithoutCancel(ctx) // the caller's deadline may be what cut the COMMIT
+	first, last := b.marks()
+	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
+	switch {
+	case rerr != nil:
+		return b.unknown(first, last, rerr)
+	case committed:
+		b.committed()
+		return nil
+	}
+	if rerr := b.rerun(ctx, lazy); rerr != nil {
+		if errors.Is(rerr, runstate.ErrReadOnly) {
+			return rerr
+		}
+		return fmt.Errorf("pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed (%v), and running the batch again failed, so nothing was recorded: %w",
+			b.s.name, first.Seq, last.Seq, err, rerr)
+	}
+	return nil
+}
+
+// marks are the batch's first and last records.
+func (b *batch) marks() (first, last commitMark) {
+	n := len(b.rows.seq)
+	return commitMark{Seq: b.rows.seq[0], Hash: b.rows.hash[0]}, commitMark{Seq: b.rows.seq[n-1], Hash: b.rows.hash[n-1]}
+}
+
+func (b *batch) unknown(first, last commitMark, err error) error {
+	return fmt.Errorf("%w: run %s: the connection was lost around the COMMIT of records %d-%d and the outcome is unknown: %v; open the run again (Open reads the outcome from the table)",
+		runstate.ErrReadOnly, b.s.name, first.Seq, last.Seq, err)
+}
+
+// errRerun: a re-run found the run changed since the batch was decided.
+var errRerun = errors.New("the run changed since the batch was decided")
+
+// rerun runs the batch again on a new pooled connection: it locks the head
+// row and goes on only if the head is still where the batch was decided
+// (no other writer appended meanwhile), this session still holds its lock,
+// and every session the batch found gone is still gone (one may have
+// taken its lock again meanwhile: then the batch's interrupted records
+// would be false). A session whose lock is being taken again (a server
+// restart dropped every lock) is waited for, as Lock does. Then it sends
+// commitBatch once more; a reply lost again is resolved again, never
+// re-run twice.
+func (b *batch) rerun(ctx context.Context, lazy bool) error {
+	ctx, cancel := context.WithTimeout(ctx, CommitTimeout)
+	defer cancel()
+	var conn *pgxpool.Conn
+	for try := 0; ; try++ {
+		if err := b.ses.check(ctx); err != nil {
+			return err
+		}
+		var err error
+		if conn, err = b.relock(ctx); err == nil {
+			break
+		}
+		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+			continue
+		}
+		return err
+	}
+	err := conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	switch {
+	case err == nil:
+		b.committed()
+		return nil
+	case !ambiguous(err):
+		return b.appendError(err)
+	}
+	first, last := b.marks()
+	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
+	switch {
+	case rerr != nil:
+		return b.unknown(first, last, rerr)
+	case !committed:
+		return fmt.Errorf("the connection was lost again before the second COMMIT landed: %w", err)
+	}
+	b.committed()
+	return nil
+}
+
+// relock takes a new pooled connection for the batch (the old one is
+// broken, or in a transaction: the pool drops it), locks the head row
+// there and checks that nothing the batch was decided on has changed.
+func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := b.s.db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, b.s.db.connectError(err)
+	}
+	b.conn.Release()
+	b.conn = conn
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
+	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
+	for _, d := range b.dead {
+		pb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(d))
+	}
+	br := conn.SendBatch(ctx, &pb)
+	err = b.recheck(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+		return nil, err
+	}
+	return conn, nil
+}
+
+// recheck reads the answers of relock's round trip.
+func (b *batch) recheck(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	var seq int64
+	var hash []byte
+	if err := br.QueryRow().Scan(&seq, &hash); err != nil {
+		return err
+	}
+	if seq != b.head.Seq || hex.EncodeToString(hash) != b.head.Hash {
+		return fmt.Errorf("%w: the last record is %d now, the batch followed %d", errRerun, seq, b.head.Seq)
+	}
+	var alive bool
+	if err := br.QueryRow().Scan(&alive); err != nil {
+		return err
+	}
+	if !alive {
+		return b.ses.fenced()
+	}
+	for _, d := range b.dead {
+		var gone bool
+		if err := br.QueryRow().Scan(&gone); err != nil {
+			return err
+		}
+		if !gone {
+			return fmt.Errorf("%w: session %s, which the batch found gone, holds its lock again", errRerun, d)
+		}
+	}
+	return nil
+}
+
+// resolveCommit finds out whether the batch whose records run from first
+// to last committed: on new connections (connect sets search_path to the
+// schema), with backoff, until CommitTimeout, it locks the run's head row
+// and reads the hashes at first.Seq and last.Seq. Both ours: committed.
+// Neither there, or other records there: not committed, and since the
+// check waited for the head row, the lost transaction can no longer land.
+// An error means the outcome is still unknown (or the table contradicts
+// itself: errHalf).
 func resolveCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, error), runID string, first, last commitMark) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, CommitTimeout)
 	defer cancel()
-	wait := 50 * time.Millisecond
+	start := time.Now()
+	wait := 20 * time.Millisecond
 	var lastErr error
-	for {
+	for tries := 1; ; tries++ {
 		committed, err := checkCommit(ctx, connect, runID, first, last)
-		if err == nil {
-			return committed, nil
+		if err == nil || errors.Is(err, errHalf) {
+			return committed, err
 		}
 		lastErr = err
+		// Jittered, so that the sessions a failover cut off do not
+		// reconnect in step.
+		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait))))
 		select {
 		case <-ctx.Done():
-			return false, fmt.Errorf("no answer from the database within %v: %w", CommitTimeout, lastErr)
-		case <-time.After(wait):
+			t.Stop()
+			return false, fmt.Errorf("commit outcome unknown: no answer from the database in %v (%d tries): %w",
+				time.Since(start).Round(time.Millisecond), tries, lastErr)
+		case <-t.C:
 		}
-		wait = min(2*wait, 2*time.Second)
+		wait = min(2*wait, time.Second)
 	}
 }
 
+// checkCommit is one try of resolveCommit.
 func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, error), runID string, first, last commitMark) (bool, error) {
 	conn, err := connect(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	// One statement: one snapshot for both records.
-	rows, err := conn.Query(ctx, `SELECT seq, hash FROM records WHERE run_id = $1 AND seq = ANY($2::bigint[])`,
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read only
+	var headSeq int64
+	if err := tx.QueryRow(ctx, `SELECT last_seq FROM runs WHERE id = $1 FOR UPDATE`, runID).Scan(&headSeq); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("the run's row (id %s) is gone from the runs table: %w", runID, errHalf)
+		}
+		return false, err
+	}
+	rows, err := tx.Query(ctx, `SELECT seq, hash FROM records WHERE run_id = $1 AND seq = ANY($2::bigint[])`,
 		runID, []int64{first.Seq, last.Seq})
 	if err != nil {
 		return false, err
@@ -91,6 +256,7 @@ func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, 
 		var seq int64
 		var h []byte
 		if err := rows.Scan(&seq, &h); err != nil {
+			rows.Close()
 			return false, err
 		}
 		got[seq] = h
@@ -99,10 +265,8 @@ func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, 
 		return false, err
 	}
 	f, l := bytes.Equal(got[first.Seq], first.Hash), bytes.Equal(got[last.Seq], last.Hash)
-	if f != l {
-		// One transaction wrote both or neither: a half means the table
-		// was changed by hand.
-		return false, errors.New("records of one batch are half there (the records table was edited?)")
+	if f != l || (f && headSeq < last.Seq) {
+		return false, fmt.Errorf("records %d and %d of one batch: %w", first.Seq, last.Seq, errHalf)
 	}
 	return f, nil
 }

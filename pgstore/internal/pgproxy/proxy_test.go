@@ -1,0 +1,243 @@
+package pgproxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runstate/runstate/pgstore/internal/pgproxy"
+)
+
+// serverDSN is the test server's DSN (RUNSTATE_PG_DSN); without it the
+// test skips, except under CI=true, where it fails.
+func serverDSN(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("RUNSTATE_PG_DSN")
+	if dsn == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("RUNSTATE_PG_DSN is not set under CI=true: .ci/run starts a PostgreSQL server and exports it")
+		}
+		t.Skip("RUNSTATE_PG_DSN is not set: start a PostgreSQL server (see pgstore/README.md) and export its DSN")
+	}
+	return dsn
+}
+
+// through returns the DSN with its host and port replaced by the proxy's,
+// and the server's host:port.
+func through(t *testing.T, dsn string, p *pgproxy.Proxy) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err, "RUNSTATE_PG_DSN must be a postgres:// URL")
+	u.Host = p.Addr()
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func serverAddr(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	require.NoError(t, err)
+	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
+}
+
+// fixture makes a proxy to the server and a table of its own.
+func fixture(t *testing.T) (p *pgproxy.Proxy, direct, proxied string, table string) {
+	dsn := serverDSN(t)
+	p, err := pgproxy.New(serverAddr(t, dsn))
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	table = fmt.Sprintf("pgproxy_%d", time.Now().UnixNano())
+	ctx := context.Background()
+	c := connect(t, dsn)
+	_, err = c.Exec(ctx, "CREATE TABLE "+table+" (k text PRIMARY KEY, v bytea)")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, dsn)
+		if err == nil {
+			_, _ = c.Exec(ctx, "DROP TABLE "+table)
+			c.Close(ctx)
+		}
+	})
+	return p, dsn, through(t, dsn, p), table
+}
+
+// connect opens a connection closed at the test's end.
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func count(t *testing.T, dsn, table, k string) int {
+	t.Helper()
+	ctx := context.Background()
+	c := connect(t, dsn)
+	var n int
+	require.NoError(t, c.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE k = $1", k).Scan(&n))
+	return n
+}
+
+// insert runs one transaction that inserts k, the way style says: "tx"
+// (pgx's Begin/Exec/Commit: simple-protocol BEGIN and COMMIT, the insert
+// prepared) or "batch" (BEGIN, the insert and COMMIT in one pipelined
+// pgx.Batch, each statement through the extended protocol and the
+// statement cache).
+func insert(ctx context.Context, c *pgx.Conn, style, table, k string, v []byte) error {
+	q := "INSERT INTO " + table + " (k, v) VALUES ($1, $2)"
+	switch style {
+	case "tx":
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, q, k, v); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		return tx.Commit(ctx)
+	case "batch":
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(q, k, v)
+		b.Queue("COMMIT")
+		return c.SendBatch(ctx, b).Close()
+	}
+	panic(style)
+}
+
+// The proxy cuts before the COMMIT (not committed) and after it (committed,
+// the client gets an error), for COMMIT sent either way pgx sends it; a
+// rule with a Match fires only on the transaction that carries it.
+func TestCutAroundCommit(t *testing.T) {
+	for _, style := range []string{"tx", "batch"} {
+		for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit} {
+			t.Run(style+"/"+cut.String(), func(t *testing.T) {
+				p, direct, proxied, table := fixture(t)
+				ctx := context.Background()
+				c, err := pgx.Connect(ctx, proxied)
+				require.NoError(t, err)
+				defer c.Close(ctx)
+				// Twice, so that the second round runs on cached
+				// prepared statements (Bind/Execute only).
+				require.NoError(t, insert(ctx, c, style, table, "warm-1", []byte("x")))
+				require.NoError(t, insert(ctx, c, style, table, "warm-2", []byte("x")))
+
+				a := p.Arm(pgproxy.Rule{Cut: cut, Match: []string{"marker-42"}})
+				// A transaction without the marker passes.
+				require.NoError(t, insert(ctx, c, style, table, "other", []byte("no mark")))
+				select {
+				case <-a.Fired():
+					t.Fatal("the rule fired on a transaction without its marker")
+				default:
+				}
+				err = insert(ctx, c, style, table, "cut", []byte("payload marker-42 payload"))
+				require.Error(t, err, "the client must see the cut as an error")
+				assert.True(t, a.Wait(time.Second), "the rule did not fire")
+				var pgErr *pgconn.PgError
+				assert.False(t, errors.As(err, &pgErr), "a cut is a connection error, not a server error: %v", err)
+				want := 0
+				if cut == pgproxy.AfterCommit {
+					want = 1
+				}
+				assert.Equal(t, want, count(t, direct, table, "cut"), "rows of the cut transaction; proxy log %q", p.Log())
+				assert.Equal(t, 1, count(t, direct, table, "other"))
+			})
+		}
+	}
+}
+
+// Text-format parameters (bytea spelled as hex) match too.
+func TestMatchHexParameter(t *testing.T) {
+	p, direct, proxied, table := fixture(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(proxied)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	a := p.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"marker-hex"}})
+	require.Error(t, insert(ctx, c, "tx", table, "cut", []byte("marker-hex")))
+	assert.True(t, a.Wait(time.Second))
+	assert.Equal(t, 0, count(t, direct, table, "cut"))
+}
+
+// OnMatch cuts in the middle of a transaction (a blob upload), before the
+// matching statement reaches the server.
+func TestCutOnMatch(t *testing.T) {
+	p, direct, proxied, table := fixture(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	a := p.Arm(pgproxy.Rule{Cut: pgproxy.OnMatch, Match: []string{"INSERT INTO " + table, "chunk-7"}})
+	for i := 0; i < 7; i++ {
+		require.NoError(t, insert(ctx, c, "batch", table, fmt.Sprintf("chunk-%d", i), nil))
+	}
+	assert.Error(t, insert(ctx, c, "batch", table, "chunk-7", nil))
+	assert.True(t, a.Wait(time.Second))
+	assert.Equal(t, 0, count(t, direct, table, "chunk-7"))
+	assert.Equal(t, 1, count(t, direct, table, "chunk-6"))
+}
+
+// CutWhere finds a connection by what it ran (the session-lock
+// connection) and cuts it: the server frees its session lock.
+func TestCutWhereSawStatement(t *testing.T) {
+	p, direct, proxied, _ := fixture(t)
+	ctx := context.Background()
+	holder := connect(t, proxied)
+	other := connect(t, proxied)
+	key := time.Now().UnixNano()
+	var ok bool
+	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok))
+	require.True(t, ok)
+	require.NoError(t, other.Ping(ctx))
+
+	d := connect(t, direct)
+	require.NoError(t, d.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok))
+	require.False(t, ok, "the holder's lock must be held")
+
+	n := p.CutWhere(func(c pgproxy.Conn) bool { return c.Saw("pg_try_advisory_lock(") })
+	assert.Equal(t, 1, n, "exactly the holder's connection")
+	assert.NoError(t, other.Ping(ctx), "the other connection is not cut")
+	assert.Error(t, holder.Ping(ctx))
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok && time.Now().Before(deadline) {
+		require.NoError(t, d.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok))
+		if !ok {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	assert.True(t, ok, "the server did not free the cut holder's lock in 5 s")
+}
+
+// Refuse turns new connections away; connections already open go on.
+func TestRefuse(t *testing.T) {
+	p, _, proxied, _ := fixture(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	p.Refuse(true)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(cctx, proxied)
+	assert.Error(t, err)
+	assert.NoError(t, c.Ping(ctx))
+	p.Refuse(false)
+	c2, err := pgx.Connect(ctx, proxied)
+	require.NoError(t, err)
+	c2.Close(ctx)
+	assert.True(t, strings.Contains(proxied, p.Addr()))
+}
