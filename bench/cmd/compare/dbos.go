@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	"github.com/dbos-inc/dbos-transact-golang/dbos"
 	_ "github.com/dbos-inc/dbos-transact-golang/dbos/driver/sqlite" // SQLite system database
 )
@@ -29,7 +31,7 @@ import (
 // failure, which no other contender allows itself. DBOS leaves the PRAGMAs
 // of a handle passed as Config.SQLiteSystemDB to its owner.
 type dbosTransact struct {
-	fw   fileWork
+	fw   kit.FileWork
 	db   *sql.DB
 	dctx dbos.Context
 
@@ -66,12 +68,12 @@ func dbosCheckpointsWorkflow(ctx dbos.Context, in dbosBatch) (int, error) {
 		id := in.First + k
 		t0 := time.Now()
 		_, err := dbos.RunAsStep(ctx, func(context.Context) (string, error) {
-			data := outputData(id)
-			if err := c.fw.write(id, data); err != nil {
+			data := kit.OutputData(id)
+			if err := c.fw.Write(id, data); err != nil {
 				return "", err
 			}
-			return string(checkpointRecord(id, data)), nil
-		}, dbos.WithStepName(stageName(id)))
+			return string(kit.CheckpointRecord(id, data)), nil
+		}, dbos.WithStepName(kit.StageName(id)))
 		if err != nil {
 			return k, err
 		}
@@ -84,7 +86,7 @@ func (c *dbosTransact) Open(ctx context.Context, dir string) error {
 	if dbosCurrent != nil {
 		return fmt.Errorf("dbos: only one DBOS contender can be open at a time")
 	}
-	fw, err := newFileWork(dir)
+	fw, err := kit.NewFileWork(dir, writeOutputs)
 	if err != nil {
 		return err
 	}
@@ -176,7 +178,7 @@ func (c *dbosTransact) Checkpoints(_ context.Context, first, n int, lat []time.D
 }
 
 func (c *dbosTransact) Close() error {
-	c.fw.close()
+	c.fw.Close()
 	err := dbos.Shutdown(c.dctx, 30*time.Second)
 	if cerr := c.db.Close(); err == nil {
 		err = cerr

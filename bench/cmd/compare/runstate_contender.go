@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	"github.com/runstate/runstate"
 )
 
@@ -34,11 +36,11 @@ func (c *runstateRun) Checkpoints(ctx context.Context, first, n int, lat []time.
 	for k := range n {
 		id := first + k
 		t0 := time.Now()
-		err := c.run.Do(ctx, stageName(id), func(ctx context.Context, st *runstate.Stage) error {
+		err := c.run.Do(ctx, kit.StageName(id), func(ctx context.Context, st *runstate.Stage) error {
 			if !writeOutputs {
 				return nil
 			}
-			return st.WriteFile(outputPath(id), outputData(id))
+			return st.WriteFile(kit.OutputPath(id), kit.OutputData(id))
 		})
 		if err != nil {
 			return err
