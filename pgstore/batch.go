@@ -1,0 +1,471 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/runstate/runstate"
+)
+
+// grace: a server that started less than this ago has lost every session
+// lock with its restart; sessions reconnect and take theirs again within
+// it, so until then none is taken for gone (DESIGN-pg.md §5).
+var grace = 10 * time.Second
+
+// batch is one append transaction on a pooled connection: the run's head
+// row locked FOR UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
+// (Abort). Not safe for concurrent use: the group-commit leader drives it.
+type batch struct {
+	s     *store
+	ses   *session
+	conn  *pgxpool.Conn
+	runID string
+
+	head    Position  // the head row as locked
+	now     time.Time // the database's clock, never before the head's
+	inGrace bool      // the server restarted less than grace ago
+	tail    [][]byte  // lines after from, read under the lock
+	// dead: the sessions Alive found gone (their locks this transaction
+	// holds shared): a re-run of the batch must find them gone again.
+	dead []string
+
+	// What Append queued, sent with the COMMIT in one round trip.
+	rows    recordRows
+	outs    outputRows
+	to      Position
+	publish *projection
+	synced  bool
+	done    bool
+}
+
+type recordRows struct {
+	seq                []int64
+	line, hash         [][]byte
+	ev                 []string
+	stage, key, sessID []*string
+	attempt            []*int32
+	at                 []time.Time
+}
+
+type outputRows struct {
+	seq  []int64
+	path []string
+	sha  [][]byte
+	size []int64
+}
+
+type projection struct {
+	at                Position
+	manifest, handoff []byte
+}
+
+// Lock starts the batch's transaction in one pipelined round trip: BEGIN,
+// the head row FOR UPDATE (which serializes the run's writers on every
+// machine), then, as statements of their own so that they run after the
+// wait for the row, the session's self-fence (its own lock must not be
+// takeable), the clock, and the records after from.
+func (s *store) Lock(ctx context.Context, from Position) (Batch, error) {
+	ses, err := s.session()
+	if err != nil {
+		return nil, err
+	}
+	if err := ses.check(ctx); err != nil {
+		return nil, err
+	}
+	runID, err := s.id(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	b := &batch{s: s, ses: ses, conn: conn, runID: runID}
+	if err := b.begin(ctx, from); err != nil {
+		b.release()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *batch) begin(ctx context.Context, from Position) error {
+	db := b.s.db
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
+	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1), clock_timestamp(), now() - pg_postmaster_start_time() < $2::interval`,
+		b.ses.key, grace)
+	pb.Queue(db.sql(`SELECT seq, line FROM {s}.records WHERE run_id = $1 AND seq > $2 ORDER BY seq`), b.runID, from.Seq)
+	br := b.conn.SendBatch(ctx, &pb)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return db.connectError(err)
+	}
+	var hash []byte
+	var lastAt *time.Time
+	if err := br.QueryRow().Scan(&b.head.Seq, &hash, &b.head.End, &b.head.LastLen, &lastAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("pgstore: run %s is gone from %s.runs (deleted by hand?)", b.s.name, db.schema)
+		}
+		return db.rightsError("lock run "+b.s.name, err)
+	}
+	b.head.Hash = hex.EncodeToString(hash)
+	var alive bool
+	if err := br.QueryRow().Scan(&alive, &b.now, &b.inGrace); err != nil {
+		return db.connectError(err)
+	}
+	b.now = b.now.UTC()
+	if lastAt != nil && !b.now.After(*lastAt) {
+		// One clock per run, never backwards: last_at is the last
+		// record's time rounded to microseconds.
+		b.now = lastAt.UTC().Add(time.Microsecond)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return db.connectError(err)
+	}
+	want := from.Seq + 1
+	for rows.Next() {
+		var seq int64
+		var line []byte
+		if err := rows.Scan(&seq, &line); err != nil {
+			rows.Close()
+			return err
+		}
+		if seq != want {
+			rows.Close()
+			return fmt.Errorf("pgstore: run %s: record %d is missing from %s.records (seq jumps to %d)", b.s.name, want, db.schema, seq)
+		}
+		want++
+		b.tail = append(b.tail, line)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return db.connectError(err)
+	}
+	if !alive {
+		return b.ses.fenced()
+	}
+	switch {
+	case b.head.Seq < from.Seq:
+		return fmt.Errorf("%w: run %s: the database's last record is %d, but this session read up to %d: records it saw are gone (a server crash lost unflushed records, or a restore from backup); open the run again",
+			ErrSessionLost, b.s.name, b.head.Seq, from.Seq)
+	case b.head.Seq != from.Seq+int64(len(b.tail)):
+		return fmt.Errorf("pgstore: run %s: %s.runs names record %d as the last, but the records end at %d (edited by hand?); run 'runstate verify'",
+			b.s.name, db.schema, b.head.Seq, from.Seq+int64(len(b.tail)))
+	case len(b.tail) == 0 && b.head.Hash != from.Hash && from.Seq > 0:
+		return fmt.Errorf("%w: run %s: record %d's hash in the database is not the one this session read; open the run again",
+			ErrSessionLost, b.s.name, from.Seq)
+	}
+	return nil
+}
+
+// Tail calls fn with the lines other sessions appended since from.
+func (b *batch) Tail(fn func(line []byte) error) error {
+	for _, l := range b.tail {
+		if err := fn(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Now is the time for this batch's records: the database's clock, never
+// before the run's last record.
+func (b *batch) Now() time.Time { return b.now }
+
+// Alive reports whether session holds its lock, probing it under the head
+// row lock: a session whose lock this transaction can take (shared, until
+// COMMIT) is gone. A failed probe, or a server within its restart grace,
+// answers alive.
+func (b *batch) Alive(session string) bool {
+	if session == "" {
+		return false
+	}
+	if session == b.ses.id || b.inGrace {
+		return true
+	}
+	if _, err := uuid.Parse(session); err != nil {
+		return false // not a session this store can hold
+	}
+	var free bool
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", lockKey(session)).Scan(&free); err != nil {
+		return true
+	}
+	if free {
+		b.dead = append(b.dead, session)
+	}
+	return !free
+}
+
+// Append queues the batch's records (and their outputs) for the COMMIT
+// round trip; to is the position after them.
+func (b *batch) Append(recs []*runstate.Record, lines []byte, to Position) error {
+	if b.done {
+		return errors.New("pgstore: Append after the batch ended")
+	}
+	n := 0
+	for len(lines) > 0 {
+		i := bytes.IndexByte(lines, '\n')
+		if i < 0 {
+			return errors.New("pgstore: Append: a line without its '\\n'")
+		}
+		if n >= len(recs) {
+			return fmt.Errorf("pgstore: Append: more lines than the %d records", len(recs))
+		}
+		line := lines[:i]
+		lines = lines[i+1:]
+		rec := recs[n]
+		n++
+		h := sha256.Sum256(line)
+		r := &b.rows
+		r.seq = append(r.seq, rec.Seq)
+		r.line = append(r.line, line)
+		r.hash = append(r.hash, h[:])
+		r.ev = append(r.ev, rec.Ev)
+		r.stage = append(r.stage, optional(rec.Stage))
+		r.key = append(r.key, optional(rec.Key))
+		if _, err := uuid.Parse(rec.Session); err == nil {
+			r.sessID = append(r.sessID, &rec.Session)
+		} else {
+			r.sessID = append(r.sessID, nil)
+		}
+		if rec.Attempt != 0 {
+			a := int32(rec.Attempt)
+			r.attempt = append(r.attempt, &a)
+		} else {
+			r.attempt = append(r.attempt, nil)
+		}
+		r.at = append(r.at, rec.At)
+		seen := map[string]bool{}
+		for _, o := range rec.Outputs {
+			sum, err := hex.DecodeString(o.SHA256)
+			if err != nil || len(sum) != sha256.Size || seen[o.Path] {
+				continue // not a blob this store can hold; Verify reports it
+			}
+			seen[o.Path] = true
+			b.outs.seq = append(b.outs.seq, rec.Seq)
+			b.outs.path = append(b.outs.path, o.Path)
+			b.outs.sha = append(b.outs.sha, sum)
+			b.outs.size = append(b.outs.size, o.Size)
+		}
+	}
+	if n != len(recs) {
+		return fmt.Errorf("pgstore: Append: %d lines for %d records", n, len(recs))
+	}
+	b.to = to
+	return nil
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Sync commits the batch with synchronous_commit on: when it returns nil,
+// its records are in the database's WAL on disk. A connection lost around
+// the COMMIT is resolved by content (resolve.go).
+func (b *batch) Sync(ctx context.Context) error {
+	if b.done || b.synced {
+		return nil
+	}
+	err := b.commit(ctx, false)
+	if err == nil {
+		b.synced = true
+	}
+	return err
+}
+
+// Publish stores the projections (newest seq wins), in the batch's
+// transaction when it has not committed yet, else at Unlock.
+func (b *batch) Publish(at Position, manifest, handoff []byte) {
+	b.publish = &projection{at: at, manifest: manifest, handoff: handoff}
+}
+
+// Unlock ends the batch: COMMIT with synchronous_commit off when Sync did
+// not commit it (visible at once; a later synchronous commit makes it
+// durable, since WAL is flushed in order).
+func (b *batch) Unlock() error {
+	if b.done {
+		return nil
+	}
+	defer b.release()
+	if b.synced {
+		if b.publish != nil {
+			b.publishAlone()
+		}
+		return nil
+	}
+	return b.commit(context.Background(), true)
+}
+
+// Abort rolls the batch back and releases the head row.
+func (b *batch) Abort() error {
+	if b.done {
+		return nil
+	}
+	defer b.release()
+	if b.synced {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := b.conn.Exec(ctx, "ROLLBACK"); err != nil {
+		return b.s.db.connectError(err)
+	}
+	return nil
+}
+
+func (b *batch) release() {
+	if !b.done {
+		b.done = true
+		b.conn.Release()
+	}
+}
+
+// The statement that appends a batch: the records, their outputs, and the
+// head's compare-and-set (a failed one divides by zero, which aborts the
+// transaction; under the row lock it can only be a bug).
+const appendSQL = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[])
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size)
+  SELECT $1, * FROM unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[])
+), head AS (
+  UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
+  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM head)`
+
+// The projections, each newest seq wins.
+const (
+	publishManifestSQL = `INSERT INTO {s}.projections AS p (run_id, seq, hash, "end", last_len, crc, manifest, at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
+ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, "end" = excluded."end",
+  last_len = excluded.last_len, crc = excluded.crc, manifest = excluded.manifest, at = excluded.at
+WHERE p.seq < excluded.seq`
+	publishHandoffSQL = `INSERT INTO {s}.projections AS p (run_id, handoff_seq, handoff, at) VALUES ($1, $2, $3, clock_timestamp())
+ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff = excluded.handoff, at = excluded.at
+WHERE p.handoff_seq < excluded.handoff_seq`
+)
+
+func (b *batch) queuePublish(pb *pgx.Batch) {
+	p := b.publish
+	b.publish = nil
+	hash, err := hex.DecodeString(p.at.Hash)
+	if err != nil {
+		return
+	}
+	if p.manifest != nil {
+		pb.Queue(b.s.db.sql(publishManifestSQL), b.runID, p.at.Seq, hash, p.at.End, p.at.LastLen, p.at.CRC, p.manifest)
+	}
+	if p.handoff != nil {
+		pb.Queue(b.s.db.sql(publishHandoffSQL), b.runID, p.at.Seq, string(p.handoff))
+	}
+}
+
+// commitBatch builds the round trip that ends the transaction: the
+// queued records, their outputs and the head's compare-and-set, the
+// projection, [SET LOCAL synchronous_commit = off when lazy], COMMIT.
+func (b *batch) commitBatch(lazy bool) *pgx.Batch {
+	db := b.s.db
+	var pb pgx.Batch
+	if n := len(b.rows.seq); n > 0 {
+		r, o := &b.rows, &b.outs
+		headHash, _ := hex.DecodeString(b.head.Hash)
+		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
+			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+	}
+	if b.publish != nil {
+		b.queuePublish(&pb)
+	}
+	if lazy {
+		pb.Queue("SET LOCAL synchronous_commit = off")
+	}
+	pb.Queue("COMMIT")
+	return &pb
+}
+
+// commit sends commitBatch in one round trip. A connection lost around
+// it leaves the outcome unknown: settle (resolve.go) finds it out.
+func (b *batch) commit(ctx context.Context, lazy bool) error {
+	n := len(b.rows.seq)
+	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
+		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
+	}
+	err := b.conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	switch {
+	case err == nil:
+		b.committed()
+		return nil
+	case n == 0:
+		return b.s.db.connectError(err)
+	case !ambiguous(err):
+		return b.appendError(err)
+	}
+	return b.settle(ctx, err, lazy)
+}
+
+// committed moves the batch's head past what it committed.
+func (b *batch) committed() {
+	if len(b.rows.seq) > 0 {
+		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
+	}
+}
+
+func lineHex(h []byte) string { return hex.EncodeToString(h) }
+
+// appendError explains a failed append statement.
+func (b *batch) appendError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "22012":
+			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
+		case "23505", "23503":
+			return fmt.Errorf("pgstore: run %s: the append broke %s (%s): a bug, nothing was recorded; run 'runstate verify'", b.s.name, pe.ConstraintName, pe.Message)
+		}
+	}
+	return b.s.db.rightsError("append to run "+b.s.name, err)
+}
+
+// ambiguous reports whether err leaves a sent COMMIT's outcome unknown:
+// the connection failed (or the context ended) rather than the server
+// answering with an error.
+func ambiguous(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return false // nothing was sent
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+	}
+	return true
+}
+
+// publishAlone writes a projection after the batch committed.
+func (b *batch) publishAlone() {
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue("SET LOCAL synchronous_commit = off")
+	b.queuePublish(&pb)
+	pb.Queue("COMMIT")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = b.conn.SendBatch(ctx, &pb).Close()
+}

@@ -1,0 +1,222 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
+)
+
+// chunkSize is the size of one blob_chunks row.
+const chunkSize = 1 << 20
+
+// MaxBlob caps one output's size in the database (DESIGN-pg.md §7): a
+// larger output needs a Blobs on an object store.
+var MaxBlob int64 = 256 << 20
+
+// blobStore keeps outputs content-addressed in blobs and blob_chunks,
+// shared by every run of the schema. Safe for concurrent use.
+type blobStore struct{ db *DB }
+
+// Missing returns those of sha256s (hex) that the database does not hold.
+func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, error) {
+	sums := make([][]byte, 0, len(sha256s))
+	for _, s := range sha256s {
+		sum, err := decodeSum(s)
+		if err != nil {
+			return nil, err
+		}
+		sums = append(sums, sum)
+	}
+	rows, err := b.db.pool.Query(ctx, b.db.sql(`SELECT sha256 FROM {s}.blobs WHERE sha256 = ANY($1)`), sums)
+	if err != nil {
+		return nil, b.db.rightsError("look up blobs", err)
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var sum []byte
+		if err := rows.Scan(&sum); err != nil {
+			return nil, err
+		}
+		have[hex.EncodeToString(sum)] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, b.db.rightsError("look up blobs", err)
+	}
+	var missing []string
+	for _, s := range sha256s {
+		if !have[s] {
+			missing = append(missing, s)
+			have[s] = true // once
+		}
+	}
+	return missing, nil
+}
+
+func decodeSum(s string) ([]byte, error) {
+	sum, err := hex.DecodeString(s)
+	if err != nil || len(sum) != sha256.Size {
+		return nil, fmt.Errorf("%w: %q is not a hex SHA-256", runstate.ErrInvalid, s)
+	}
+	return sum, nil
+}
+
+// Put stores r's bytes as the blob sum (hex) of size bytes, in 1 MiB
+// chunks, in one transaction committed with synchronous_commit off: the
+// record that references it (its stage's complete) is committed
+// synchronously after it, and WAL is flushed in order, so the blob is
+// durable when that record is. r must yield exactly size bytes hashing to
+// sum, or nothing is stored. Put is idempotent.
+func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader) error {
+	want, err := decodeSum(sum)
+	if err != nil {
+		return err
+	}
+	if size > MaxBlob {
+		return fmt.Errorf("%w: an output of %d bytes is more than the %d bytes pgstore keeps in the database (pgstore.MaxBlob)", runstate.ErrInvalid, size, MaxBlob)
+	}
+	if size <= chunkSize {
+		return b.putSmall(ctx, sum, want, size, r)
+	}
+	tx, err := b.db.pool.Begin(ctx)
+	if err != nil {
+		return b.db.connectError(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+		return b.db.connectError(err)
+	}
+	h := sha256.New()
+	buf := make([]byte, chunkSize)
+	var n int64
+	chunks := 0
+	for {
+		k, err := io.ReadFull(r, buf)
+		if k > 0 {
+			h.Write(buf[:k])
+			n += int64(k)
+			if n > size {
+				return fmt.Errorf("pgstore: blob %s: more than its %d bytes (the file changed while it was stored?)", sum, size)
+			}
+			if _, err := tx.Exec(ctx, b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`),
+				want, chunks, buf[:k]); err != nil {
+				return b.db.rightsError("store blob "+sum, err)
+			}
+			chunks++
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("pgstore: blob %s: %w", sum, err)
+		}
+	}
+	if n != size || hex.EncodeToString(h.Sum(nil)) != sum {
+		return fmt.Errorf("pgstore: blob %s: got %d bytes with another hash (the file changed while it was stored?); nothing was stored", sum, n)
+	}
+	if _, err := tx.Exec(ctx, b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`),
+		want, size, chunks); err != nil {
+		return b.db.rightsError("store blob "+sum, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return b.db.connectError(err)
+	}
+	return nil
+}
+
+// putSmall stores a blob of one chunk in one round trip.
+func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size int64, r io.Reader) error {
+	data, err := io.ReadAll(io.LimitReader(r, size+1))
+	if err != nil {
+		return fmt.Errorf("pgstore: blob %s: %w", sum, err)
+	}
+	if h := sha256.Sum256(data); int64(len(data)) != size || hex.EncodeToString(h[:]) != sum {
+		return fmt.Errorf("pgstore: blob %s: got %d bytes with another hash (the file changed while it was stored?); nothing was stored", sum, len(data))
+	}
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue("SET LOCAL synchronous_commit = off")
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), want, data)
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING`), want, size)
+	pb.Queue("COMMIT")
+	if err := b.db.pool.SendBatch(ctx, &pb).Close(); err != nil {
+		return b.db.rightsError("store blob "+sum, err)
+	}
+	return nil
+}
+
+// Get streams the blob sum (hex), one chunk per query, checking its hash
+// at the end: a reader that ends without error got exactly the stored
+// bytes. A blob the database lacks is an error wrapping fs.ErrNotExist.
+func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) {
+	want, err := decodeSum(sum)
+	if err != nil {
+		return nil, err
+	}
+	var size int64
+	var chunks int
+	err = b.db.pool.QueryRow(ctx, b.db.sql(`SELECT size, chunks FROM {s}.blobs WHERE sha256 = $1`), want).Scan(&size, &chunks)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pgstore: blob %s is not in %s.blobs: %w", sum, b.db.schema, errNotExist)
+	} else if err != nil {
+		return nil, b.db.rightsError("read blob "+sum, err)
+	}
+	return &blobReader{b: b, ctx: ctx, sum: sum, want: want, size: size, chunks: chunks, h: sha256.New()}, nil
+}
+
+type blobReader struct {
+	b      *blobStore
+	ctx    context.Context
+	sum    string
+	want   []byte
+	size   int64
+	chunks int
+	next   int
+	got    int64
+	buf    []byte
+	h      hash.Hash
+	err    error
+}
+
+func (r *blobReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		if r.next == r.chunks {
+			if r.got != r.size || hex.EncodeToString(r.h.Sum(nil)) != r.sum {
+				r.err = fmt.Errorf("%w: blob %s in %s.blob_chunks has %d bytes with another hash (damaged?)", runstate.ErrCorrupt, r.sum, r.b.db.schema, r.got)
+			} else {
+				r.err = io.EOF
+			}
+			continue
+		}
+		var data []byte
+		err := r.b.db.pool.QueryRow(r.ctx, r.b.db.sql(`SELECT data FROM {s}.blob_chunks WHERE sha256 = $1 AND n = $2`), r.want, r.next).Scan(&data)
+		if err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = fmt.Errorf("%w: blob %s lacks chunk %d in %s.blob_chunks", runstate.ErrCorrupt, r.sum, r.next, r.b.db.schema)
+			}
+			r.err = err
+			continue
+		}
+		r.next++
+		r.got += int64(len(data))
+		r.h.Write(data)
+		r.buf = data
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *blobReader) Close() error { return nil }
+
+var errNotExist = fs.ErrNotExist

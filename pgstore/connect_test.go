@@ -1,0 +1,134 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestConnectCreatesSchemaOnceAmongRacers(t *testing.T) {
+	dsn := withSchema(testDSN(t), newSchema(t))
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() {
+			db, err := Connect(context.Background(), dsn)
+			if err == nil {
+				db.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	db, err := Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	var versions int
+	require.NoError(t, db.pool.QueryRow(context.Background(), db.sql("SELECT count(*) FROM {s}.schema_version")).Scan(&versions))
+	assert.Equal(t, SchemaVersion, versions)
+}
+
+func TestConnectRefusesUnreachableServerNamingIt(t *testing.T) {
+	testDSN(t)
+	_, err := Connect(context.Background(), "postgres://nobody@127.0.0.1:1/nodb?sslmode=disable&connect_timeout=2")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "127.0.0.1:1")
+	assert.Contains(t, err.Error(), "check that the server runs")
+}
+
+func TestConnectRefusesMissingDatabase(t *testing.T) {
+	u, err := url.Parse(testDSN(t))
+	require.NoError(t, err)
+	u.Path = "/no_such_db"
+	_, err = Connect(context.Background(), u.String())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no_such_db")
+	assert.Contains(t, err.Error(), "createdb")
+}
+
+func TestConnectRefusesNewerSchemaVersion(t *testing.T) {
+	db := newTestDB(t)
+	_, err := db.pool.Exec(context.Background(), db.sql("INSERT INTO {s}.schema_version (version) VALUES ($1)"), SchemaVersion+5)
+	require.NoError(t, err)
+	_, err = Connect(context.Background(), withSchema(testDSN(t), db.schema))
+	require.ErrorIs(t, err, runstate.ErrVersion)
+	assert.Contains(t, err.Error(), fmt.Sprintf("version %d", SchemaVersion+5))
+	assert.Contains(t, err.Error(), "upgrade")
+}
+
+// A user without CREATE on the database gets the GRANT to run; one with
+// only the table rights uses an existing schema.
+func TestConnectWithoutCreateRightNamesTheGrant(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t)
+	admin, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	role := schema + "_user"
+	_, err = admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	_, _ = admin.Exec(context.Background(), "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+	u, err := url.Parse(withSchema(dsn, schema))
+	require.NoError(t, err)
+	u.User = url.User(role)
+	_, err = Connect(context.Background(), u.String())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "GRANT CREATE ON DATABASE")
+	assert.Contains(t, err.Error(), role)
+	assert.Contains(t, err.Error(), "create schema "+schema)
+
+	// An owner creates the schema; the user gets table rights only.
+	db, err := Connect(context.Background(), withSchema(dsn, schema))
+	require.NoError(t, err)
+	db.Close()
+	_, err = admin.Exec(context.Background(), fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s", schema, role, schema, role))
+	require.NoError(t, err)
+	db, err = Connect(context.Background(), u.String())
+	require.NoError(t, err, "a user with table rights uses a current schema")
+	db.Close()
+}
+
+func TestConnectTakesSchemaFromDSN(t *testing.T) {
+	schema := newSchema(t)
+	for _, dsn := range []string{withSchema(testDSN(t), schema)} {
+		db, err := Connect(context.Background(), dsn)
+		require.NoError(t, err)
+		assert.Equal(t, schema, db.Schema())
+		var n int
+		require.NoError(t, db.pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema).Scan(&n))
+		assert.Equal(t, 1, n)
+		db.Close()
+	}
+	_, err := Connect(context.Background(), withSchema(testDSN(t), strings.Repeat("x", 64)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "1 to 63 bytes")
+}
+
+func TestSplitSchema(t *testing.T) {
+	for _, c := range []struct{ in, rest, schema string }{
+		{"postgres://u@h/db", "postgres://u@h/db", ""},
+		{"postgres://u@h/db?schema=a", "postgres://u@h/db", "a"},
+		{"postgres://u@h/db?sslmode=disable&schema=a%20b&x=1", "postgres://u@h/db?sslmode=disable&x=1", "a b"},
+		{"host=h schema=a", "host=h schema=a", ""},
+	} {
+		rest, schema, err := splitSchema(c.in)
+		require.NoError(t, err)
+		assert.Equal(t, c.rest, rest, c.in)
+		assert.Equal(t, c.schema, schema, c.in)
+	}
+}

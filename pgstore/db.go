@@ -1,0 +1,190 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultSchema is the schema a DSN without schema=NAME uses.
+const DefaultSchema = "runstate"
+
+// DB is a connection pool to one PostgreSQL database and the pgstore schema
+// in it. Its methods are safe for concurrent use by multiple goroutines, and
+// any number of processes on any number of machines may use one database at
+// once.
+type DB struct {
+	pool   *pgxpool.Pool
+	schema string // as given (schema=NAME)
+	ident  string // the schema, quoted for SQL
+	where  string // host:port/database as user, for messages
+	// lockCfg is the configuration of the session lock connections
+	// (session.go): the pool's, with keepalives and tcp_user_timeout.
+	lockCfg *pgx.ConnConfig
+}
+
+// Connect opens a pool to the database dsn names (a postgres:// URL or a
+// key=value string, as pgx reads it) and creates or upgrades the pgstore
+// schema in it. The DSN may carry schema=NAME (default "runstate"); Connect
+// removes it before pgx sees it. Nothing is written but the schema: when
+// Connect returns, the schema is committed (durably). Connect is safe for
+// concurrent use: processes that race to create the schema wait for one
+// another (the migrations run under a transaction-level advisory lock).
+//
+// Connect fails with an error naming the server and what to check when the
+// database cannot be reached, with runstate.ErrVersion when the schema was
+// made by a newer pgstore, and, for a user who may not create the schema,
+// with the GRANT to run.
+func Connect(ctx context.Context, dsn string) (*DB, error) {
+	dsn, schema, err := splitSchema(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: cannot parse the DSN: %w (expected postgres://USER@HOST:PORT/DATABASE?schema=NAME)", err)
+	}
+	if s, ok := cfg.ConnConfig.RuntimeParams["schema"]; ok { // key=value form
+		delete(cfg.ConnConfig.RuntimeParams, "schema")
+		if schema == "" {
+			schema = s
+		}
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := checkSchemaName(schema); err != nil {
+		return nil, err
+	}
+	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig)}
+	db.lockCfg = lockConfig(cfg.ConnConfig)
+	if cfg.MaxConns < 8 {
+		cfg.MaxConns = 8
+	}
+	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, db.connectError(err)
+	}
+	if err := db.pool.Ping(ctx); err != nil {
+		db.pool.Close()
+		return nil, db.connectError(err)
+	}
+	if err := db.migrate(ctx); err != nil {
+		db.pool.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close closes the pool. Runs opened through db must be closed first.
+// Close is idempotent and safe for concurrent use.
+func (db *DB) Close() { db.pool.Close() }
+
+// Schema is the name of the schema db uses.
+func (db *DB) Schema() string { return db.schema }
+
+// splitSchema removes the schema parameter from a URL DSN. A key=value DSN
+// keeps it: pgx reads it into RuntimeParams, and Connect takes it there.
+func splitSchema(dsn string) (rest, schema string, err error) {
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return dsn, "", nil
+	}
+	base, query, ok := strings.Cut(dsn, "?")
+	if !ok {
+		return dsn, "", nil
+	}
+	var keep []string
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "schema" {
+			if schema, err = url.QueryUnescape(v); err != nil {
+				return "", "", fmt.Errorf("pgstore: the DSN's schema parameter: %w", err)
+			}
+			continue
+		}
+		if kv != "" {
+			keep = append(keep, kv)
+		}
+	}
+	if len(keep) == 0 {
+		return base, schema, nil
+	}
+	return base + "?" + strings.Join(keep, "&"), schema, nil
+}
+
+// checkSchemaName refuses names PostgreSQL would truncate or that are empty.
+func checkSchemaName(s string) error {
+	if s == "" || len(s) > 63 || strings.ContainsRune(s, 0) {
+		return fmt.Errorf("pgstore: schema name %q: use 1 to 63 bytes", s)
+	}
+	return nil
+}
+
+// describe names where a configuration connects, for messages.
+func describe(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s (database %q, user %q)", net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), c.Database, c.User)
+}
+
+// connectError says what to check when the database cannot be reached.
+func (db *DB) connectError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "28P01", "28000":
+			return fmt.Errorf("pgstore: cannot connect to %s: %w; check the user and password in the DSN (or PGPASSWORD, ~/.pgpass) and pg_hba.conf", db.where, err)
+		case "3D000":
+			return fmt.Errorf("pgstore: cannot connect to %s: %w; create the database (createdb) or name another in the DSN", db.where, err)
+		}
+	}
+	return fmt.Errorf("pgstore: cannot connect to %s: %w; check that the server runs and accepts connections there (host, port and sslmode in the DSN, listen_addresses, pg_hba.conf)", db.where, err)
+}
+
+// lockConfig is cfg for a session's lock connection: the server drops the
+// connection, and so the session's advisory lock, within about 10 s of the
+// client's machine vanishing (DESIGN-pg.md §1.5: keepalives alone do not
+// fire while an ACK is pending; tcp_user_timeout does).
+func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
+	c := cfg.Copy()
+	for k, v := range map[string]string{
+		"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1", "tcp_keepalives_count": "5",
+		"tcp_user_timeout": strconv.Itoa(int(userTimeout / time.Millisecond)),
+		"application_name": "runstate session",
+	} {
+		if _, set := c.RuntimeParams[k]; !set {
+			c.RuntimeParams[k] = v
+		}
+	}
+	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}}
+	c.DialFunc = d.DialContext
+	return c
+}
+
+// userTimeout is the server's tcp_user_timeout on a lock connection: how
+// long an unacknowledged send may wait before the server drops the
+// connection (and so the session's lock).
+const userTimeout = 10 * time.Second
+
+// lockKey is the advisory lock key of a session: the first 8 bytes of
+// sha256("runstate/session/"+id), as an int64.
+func lockKey(session string) int64 {
+	return hashKey("runstate/session/" + session)
+}
+
+func hashKey(s string) int64 {
+	h := sha256.Sum256([]byte(s))
+	return int64(binary.BigEndian.Uint64(h[:8]))
+}
+
+// sql replaces {s} in q with the quoted schema.
+func (db *DB) sql(q string) string { return strings.ReplaceAll(q, "{s}", db.ident) }

@@ -1,0 +1,2 @@
+// Package pgstore keeps runstate runs in PostgreSQL.
+package pgstore

@@ -1,0 +1,173 @@
+package pgstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/runstate/runstate"
+)
+
+// migrations are the schema's versions, NNNN_name.sql, applied in order.
+//
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// SchemaVersion is the newest schema version this package knows.
+var SchemaVersion = len(must(fs.Glob(migrations, "migrations/*.sql")))
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// migrate creates the schema when it is missing and applies the
+// migrations it lacks, in one transaction, under an advisory lock that
+// serializes racing processes. A user who may only use an existing,
+// current schema needs no CREATE right: nothing is created then.
+func (db *DB) migrate(ctx context.Context) error {
+	have, err := db.version(ctx, db.pool)
+	if err == nil && have == SchemaVersion {
+		return nil // the common case: no lock, no write
+	}
+	if err != nil && !errors.Is(err, errNoSchema) {
+		return err
+	}
+	// A session-level lock, taken before the transaction: a backend
+	// refreshes its catalog caches when a transaction starts, so one that
+	// waited for the lock inside its transaction would not see the tables
+	// the lock's holder just created.
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return db.connectError(err)
+	}
+	defer conn.Release()
+	key := hashKey("runstate/migrate/" + db.schema)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		return fmt.Errorf("pgstore: lock the schema %s for its migration: %w", db.schema, err)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", key); err != nil {
+			conn.Conn().PgConn().Close(context.WithoutCancel(ctx)) // the lock ends with the connection
+		}
+	}()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return db.connectError(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	have, err = db.version(ctx, tx)
+	if errors.Is(err, errNoSchema) {
+		err = db.create(ctx, tx)
+	}
+	if err != nil {
+		return err
+	}
+	names := must(fs.Glob(migrations, "migrations/*.sql"))
+	slices.Sort(names)
+	for i, name := range names[min(have, len(names)):] {
+		v := have + i + 1
+		data := must(migrations.ReadFile(name))
+		if _, err := tx.Exec(ctx, db.sql(string(data))); err != nil {
+			return db.rightsError(fmt.Sprintf("apply %s to schema %s", name, db.schema), err)
+		}
+		if _, err := tx.Exec(ctx, db.sql("INSERT INTO {s}.schema_version (version) VALUES ($1)"), v); err != nil {
+			return db.rightsError("record schema version "+strconv.Itoa(v), err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return db.rightsError("commit the schema "+db.schema, err)
+	}
+	return nil
+}
+
+var errNoSchema = errors.New("pgstore: no schema")
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// version reads the schema's version: errNoSchema when the schema or its
+// schema_version table is missing; ErrVersion when a newer pgstore wrote it.
+func (db *DB) version(ctx context.Context, q querier) (int, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", db.ident+".schema_version").Scan(&exists); err != nil {
+		return 0, db.rightsError("read the schema "+db.schema, err)
+	}
+	if !exists {
+		return 0, errNoSchema
+	}
+	var v int
+	if err := q.QueryRow(ctx, db.sql("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).Scan(&v); err != nil {
+		return 0, db.rightsError("read the version of schema "+db.schema, err)
+	}
+	if v > SchemaVersion {
+		return v, fmt.Errorf("%w: schema %s in %s is at version %d, newer than the %d this pgstore knows: upgrade the program (github.com/runstate/runstate/pgstore), or use another schema (schema=NAME in the DSN)",
+			runstate.ErrVersion, db.schema, db.where, v, SchemaVersion)
+	}
+	return v, nil
+}
+
+// create makes the schema (when missing) and its schema_version table.
+func (db *DB) create(ctx context.Context, tx pgx.Tx) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", db.schema).Scan(&exists); err != nil {
+		return db.rightsError("look up schema "+db.schema, err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+db.ident); err != nil {
+			return db.rightsError("create schema "+db.schema, err)
+		}
+	}
+	_, err := tx.Exec(ctx, db.sql(`CREATE TABLE {s}.schema_version (version int PRIMARY KEY, applied timestamptz NOT NULL DEFAULT now())`))
+	if err != nil {
+		return db.rightsError("create "+db.schema+".schema_version", err)
+	}
+	return nil
+}
+
+// rightsError says which GRANT a user lacking a right needs.
+func (db *DB) rightsError(what string, err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42501" { // insufficient_privilege
+		if isConnError(err) {
+			return db.connectError(err)
+		}
+		return fmt.Errorf("pgstore: %s in %s: %w", what, db.where, err)
+	}
+	user := db.lockCfg.User
+	database := db.lockCfg.Database
+	u := pgx.Identifier{user}.Sanitize()
+	var grant string
+	switch {
+	case strings.Contains(pe.Message, "for database"):
+		grant = fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", pgx.Identifier{database}.Sanitize(), u)
+	case strings.Contains(pe.Message, "for schema"):
+		grant = fmt.Sprintf("GRANT USAGE, CREATE ON SCHEMA %s TO %s", db.ident, u)
+	default:
+		grant = fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s",
+			db.ident, u, db.ident, u)
+	}
+	return fmt.Errorf("pgstore: cannot %s in %s: %w; user %q lacks the right: run, as the database owner, %s (or let an owner run the program once to create the schema)",
+		what, db.where, err, user, grant)
+}
+
+// isConnError reports whether err is a connection failure rather than a
+// statement's error.
+func isConnError(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+	}
+	return pgconn.SafeToRetry(err) || errors.As(err, new(*pgconn.ConnectError)) || pgconn.Timeout(err) || errors.As(err, new(net.Error))
+}

@@ -1,0 +1,319 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Liveness timing (DESIGN-pg.md §5): the lock connection is pinged every
+// pingEvery with a deadline of pingTimeout; lostAfter without a good ping
+// or a re-held lock and the session is lost for good.
+var (
+	pingEvery   = time.Second
+	pingTimeout = time.Second
+	lostAfter   = 3 * time.Second
+)
+
+// session is one session's liveness: a dedicated connection (never from
+// the pool) that holds the session-level advisory lock lockKey(id) for the
+// session's life. Another session that can take the lock knows this one is
+// gone: the server frees it when the connection ends, within about 2 ms of
+// a SIGKILL and within tcp_user_timeout of the machine vanishing.
+//
+// A pinger keeps the connection busy enough for the server to notice a
+// dead client and for this process to notice a dead server: after
+// lostAfter without a good ping it reconnects and takes the lock again,
+// unless a record since names the session gone; when that fails for
+// lostAfter the session is lost (every later batch fails with
+// ErrSessionLost).
+type session struct {
+	db    *DB
+	id    string
+	key   int64
+	runID string
+	since int64 // records after this seq may name the session gone
+
+	mu     sync.Mutex
+	conn   *pgx.Conn // nil while reconnecting
+	lost   error     // sticky: wraps ErrSessionLost
+	lastOK time.Time
+	// held is closed and replaced when the lock is re-held or lost, for
+	// batches that wait for either (waitHeld).
+	held chan struct{}
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// hold opens the lock connection and takes the session's lock.
+func (db *DB) hold(ctx context.Context, runID, id string) (*session, error) {
+	s := &session{db: db, id: id, key: lockKey(id), runID: runID, held: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.key).Scan(&ok); err != nil {
+		conn.Close(ctx)
+		return nil, db.connectError(err)
+	}
+	if !ok {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("pgstore: session %s: its lock (advisory lock %d) is held by another connection (a session id used twice?); open the run again", id, s.key)
+	}
+	if err := checkDirect(ctx, conn, s.key); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("pgstore: session %s on %s: %w", id, db.where, err)
+	}
+	host, _ := os.Hostname()
+	if _, err := conn.Exec(ctx, db.sql(`INSERT INTO {s}.sessions (id, run_id, lock_key, host, pid) VALUES ($1, $2, $3, $4, $5)`),
+		id, runID, s.key, host, os.Getpid()); err != nil {
+		conn.Close(ctx)
+		return nil, db.rightsError("record session "+id, err)
+	}
+	s.conn, s.lastOK = conn, time.Now()
+	go s.ping()
+	return s, nil
+}
+
+// checkDirect makes sure the lock connection talks to one server process
+// for its whole life: through a transaction-mode pooler (pgbouncer) a
+// session lock would stay with a server connection the client no longer
+// has. Best effort: the backend pid must stay the same across two
+// transactions and hold the lock.
+func checkDirect(ctx context.Context, conn *pgx.Conn, key int64) error {
+	var pid1, pid2 int
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid1); err != nil {
+		return err
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND pid = pg_backend_pid() AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid
+		AND objsubid = 1 AND granted)`, key).Scan(&pid2, &n); err != nil {
+		return err
+	}
+	if pid1 != pid2 || n != 1 {
+		return errors.New("the session's lock connection does not keep one server connection (a transaction-mode pooler?): connect the sessions directly or through a session-mode pooler")
+	}
+	return nil
+}
+
+// connect opens a lock connection.
+func (s *session) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, s.db.lockCfg)
+	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	return conn, nil
+}
+
+// ping runs until close: a ping every pingEvery; on failure, reconnect.
+func (s *session) ping() {
+	defer close(s.done)
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		conn, lost := s.conn, s.lost
+		s.mu.Unlock()
+		if lost != nil {
+			return
+		}
+		if conn != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+			_, err := conn.Exec(ctx, ";")
+			cancel()
+			if err == nil {
+				s.mu.Lock()
+				s.lastOK = time.Now()
+				s.mu.Unlock()
+				continue
+			}
+			s.drop(conn)
+		}
+		s.rehold()
+	}
+}
+
+// drop forgets a lock connection that failed: its lock is gone or going.
+func (s *session) drop(conn *pgx.Conn) {
+	s.mu.Lock()
+	if s.conn == conn {
+		s.conn = nil
+	}
+	s.mu.Unlock()
+	closeNow(conn)
+}
+
+// rehold tries once to reconnect and take the lock again, under the run's
+// head row lock, so that no batch decides about this session meanwhile:
+// a record since the session opened that names it gone keeps it lost.
+// After lostAfter without success, the session is lost.
+func (s *session) rehold() {
+	ctx, cancel := context.WithTimeout(context.Background(), pingEvery+pingTimeout)
+	defer cancel()
+	err := s.tryRehold(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		return
+	}
+	var gone *goneError
+	if errors.As(err, &gone) || time.Since(s.lastOK) >= lostAfter {
+		s.lose(err)
+	}
+}
+
+type goneError struct{ seq int64 }
+
+func (e *goneError) Error() string {
+	return fmt.Sprintf("record %d names this session gone", e.seq)
+}
+
+func (s *session) tryRehold(ctx context.Context) error {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			closeNow(conn)
+		}
+	}()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, s.db.sql("SELECT 1 FROM {s}.runs WHERE id = $1 FOR UPDATE"), s.runID); err != nil {
+		return err
+	}
+	var seq int64
+	err = tx.QueryRow(ctx, s.db.sql(`SELECT seq FROM {s}.records WHERE run_id = $1 AND seq > $2
+		AND ev IN ('interrupted', 'unconfirmed') AND position($3::bytea IN line) > 0 ORDER BY seq LIMIT 1`),
+		s.runID, s.since, []byte(s.id)).Scan(&seq)
+	if err == nil {
+		return &goneError{seq: seq}
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	var got bool
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.key).Scan(&got); err != nil {
+		return err
+	}
+	if !got {
+		return fmt.Errorf("its lock (advisory lock %d) is held by another connection", s.key)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	ok = true
+	s.mu.Lock()
+	s.conn, s.lastOK = conn, time.Now()
+	close(s.held)
+	s.held = make(chan struct{})
+	s.mu.Unlock()
+	return nil
+}
+
+// lose makes the session lost for good. The caller holds s.mu.
+func (s *session) lose(cause error) {
+	if s.lost != nil {
+		return
+	}
+	s.lost = fmt.Errorf("%w: session %s lost its lock on %s: %v; this Run is read-only: open the run again",
+		ErrSessionLost, s.id, s.db.where, cause)
+	if s.conn != nil {
+		// Free the lock now; the pinger or close ends the connection (a
+		// pgx.Conn is not safe for concurrent use, its socket is).
+		_ = s.conn.PgConn().Conn().Close()
+	}
+	close(s.held)
+	s.held = make(chan struct{})
+}
+
+// check returns the sticky error of a lost session. A session whose lock
+// connection is being re-established is waited for (as long as ctx allows,
+// at most lostAfter).
+func (s *session) check(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		conn, lost, held := s.conn, s.lost, s.held
+		s.mu.Unlock()
+		if lost != nil {
+			return lost
+		}
+		if conn != nil {
+			return nil
+		}
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// fenced records that a batch found the session's own lock free: the
+// session is lost (something dropped the lock connection without the
+// pinger noticing yet, or the server restarted).
+func (s *session) fenced() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost == nil && s.conn != nil && time.Since(s.lastOK) < lostAfter {
+		// The pinger will find out; until then this batch is refused.
+		return fmt.Errorf("%w: session %s: its lock on %s is not held (reconnecting); nothing was recorded", ErrSessionLost, s.id, s.db.where)
+	}
+	s.lose(errors.New("a batch found the lock free"))
+	return s.lost
+}
+
+// close stops the pinger and ends the lock connection: clean, with the
+// sessions row removed; otherwise as a killed process would (the socket
+// closed without a word).
+func (s *session) close(clean bool) {
+	close(s.stop)
+	<-s.done
+	s.mu.Lock()
+	conn := s.conn
+	s.conn = nil
+	if s.lost == nil {
+		s.lost = fmt.Errorf("%w: session %s is closed", ErrSessionLost, s.id)
+	}
+	s.mu.Unlock()
+	if conn == nil {
+		return
+	}
+	if !clean {
+		closeNow(conn)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, s.db.sql("DELETE FROM {s}.sessions WHERE id = $1"), s.id)
+	_ = conn.Close(ctx)
+}
+
+// closeNow closes conn's socket without the protocol's goodbye, as a
+// killed process would: the server ends the backend and frees its locks.
+func closeNow(conn *pgx.Conn) {
+	if nc := conn.PgConn().Conn(); nc != nil {
+		_ = nc.Close()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = conn.Close(ctx)
+}

@@ -1,0 +1,226 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// store is one run's records in the database: the runstate.Store that
+// OpenStore drives. A store from Store(run) that was never opened reads
+// only (Inspect, the CLI): it holds no session and takes no lock.
+type store struct {
+	db   *DB
+	name string // the run's name (runs.name)
+
+	mu    sync.Mutex
+	runID string   // runs.id, once known
+	ses   *session // nil until Open, and for readers
+	blobs *blobStore
+}
+
+// Store returns the runstate.Store of the run named run, for
+// runstate.OpenStore and the store-generic readers (and the conformance
+// suite). Nothing is read or written until it is used. It is safe for
+// concurrent use; one store serves one session (OpenStore opens it once).
+func (db *DB) Store(run string) Store {
+	return &store{db: db, name: run, blobs: &blobStore{db: db}}
+}
+
+// Open creates the run's row when it is missing (exactly one creator among
+// racing sessions: INSERT ... ON CONFLICT DO NOTHING), takes the session's
+// lock and returns the newest projection that still matches the records.
+func (s *store) Open(ctx context.Context, session string) ([]byte, Position, error) {
+	if s.name == "" {
+		return nil, Position{}, errors.New("pgstore: Open needs a run name")
+	}
+	if _, err := uuid.Parse(session); err != nil {
+		return nil, Position{}, fmt.Errorf("pgstore: session id %q is not a UUID", session)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, Position{}, err
+	}
+	if _, err := s.db.pool.Exec(ctx, s.db.sql(`INSERT INTO {s}.runs (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`),
+		id.String(), s.name); err != nil {
+		return nil, Position{}, s.db.rightsError("create run "+s.name, err)
+	}
+	runID, err := s.id(ctx)
+	if err != nil {
+		return nil, Position{}, err
+	}
+	ses, err := s.db.hold(ctx, runID, session)
+	if err != nil {
+		return nil, Position{}, err
+	}
+	snap, at, err := s.snapshot(ctx, runID)
+	if err != nil {
+		ses.close(true)
+		return nil, Position{}, err
+	}
+	ses.since = at.Seq
+	s.mu.Lock()
+	s.ses = ses
+	s.mu.Unlock()
+	return snap, at, nil
+}
+
+// id returns the run's id: errNoRun when the run does not exist.
+func (s *store) id(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	id := s.runID
+	s.mu.Unlock()
+	if id != "" {
+		return id, nil
+	}
+	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT id::text FROM {s}.runs WHERE name = $1`), s.name).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("%w: no run %q in schema %s of %s", errNoRun, s.name, s.db.schema, s.db.where)
+	} else if err != nil {
+		return "", s.db.rightsError("read run "+s.name, err)
+	}
+	s.mu.Lock()
+	s.runID = id
+	s.mu.Unlock()
+	return id, nil
+}
+
+var errNoRun = errors.New("pgstore: no such run")
+
+// snapshot reads the projection whose record is still in the records
+// table with the same hash.
+func (s *store) snapshot(ctx context.Context, runID string) ([]byte, Position, error) {
+	var snap, hash []byte
+	var at Position
+	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT p.manifest, p.seq, p.hash, p."end", p.last_len, p.crc FROM {s}.projections p
+		JOIN {s}.records r ON r.run_id = p.run_id AND r.seq = p.seq AND r.hash = p.hash WHERE p.run_id = $1`), runID).
+		Scan(&snap, &at.Seq, &hash, &at.End, &at.LastLen, &at.CRC)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, Position{}, nil
+	} else if err != nil {
+		return nil, Position{}, s.db.rightsError("read the projection of run "+s.name, err)
+	}
+	if len(snap) == 0 {
+		return nil, Position{}, nil
+	}
+	at.Hash = hex.EncodeToString(hash)
+	return snap, at, nil
+}
+
+// Read calls fn with each record's line after from, in order, from one
+// snapshot of the table, without any lock. fn must not keep line.
+func (s *store) Read(ctx context.Context, from Position, fn func(line []byte) error) (int64, error) {
+	runID, err := s.id(ctx)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := s.db.pool.Query(ctx, s.db.sql(`SELECT seq, line FROM {s}.records WHERE run_id = $1 AND seq > $2 ORDER BY seq`), runID, from.Seq)
+	if err != nil {
+		return 0, s.db.rightsError("read the records of run "+s.name, err)
+	}
+	defer rows.Close()
+	want := from.Seq + 1
+	for rows.Next() {
+		var seq int64
+		var line []byte
+		if err := rows.Scan(&seq, &line); err != nil {
+			return 0, err
+		}
+		if seq != want {
+			return 0, fmt.Errorf("pgstore: run %s: record %d is missing from %s.records (seq jumps to %d)", s.name, want, s.db.schema, seq)
+		}
+		want++
+		if err := fn(line); err != nil {
+			return 0, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, s.db.rightsError("read the records of run "+s.name, err)
+	}
+	return 0, nil // a transaction cannot tear a line
+}
+
+// Live reports, for each session, whether its lock is held, from pg_locks:
+// no lock is taken. Within the restart grace every session is alive.
+func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
+	keys := make([]int64, len(sessions))
+	for i, id := range sessions {
+		keys[i] = lockKey(id)
+	}
+	rows, err := s.db.pool.Query(ctx, `SELECT k, (now() - pg_postmaster_start_time() < $2::interval) OR EXISTS (
+		SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid AND l.objsubid = 1)
+		FROM unnest($1::bigint[]) k`, keys, grace)
+	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	live := make(map[int64]bool, len(keys))
+	for rows.Next() {
+		var k int64
+		var ok bool
+		if err := rows.Scan(&k, &ok); err != nil {
+			return nil, err
+		}
+		live[k] = ok
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.db.connectError(err)
+	}
+	out := make(map[string]bool, len(sessions))
+	for i, id := range sessions {
+		out[id] = live[keys[i]]
+	}
+	return out, nil
+}
+
+// Blobs returns the run's output store: the database's blobs tables.
+func (s *store) Blobs() Blobs { return s.blobs }
+
+// Close ends the session: clean, its lock released and its row removed;
+// otherwise as a killed process would. Close is idempotent.
+func (s *store) Close(clean bool) error {
+	s.mu.Lock()
+	ses := s.ses
+	s.ses = nil
+	s.mu.Unlock()
+	if ses != nil {
+		ses.close(clean)
+	}
+	return nil
+}
+
+// connect opens a connection of its own (not from the pool, whose
+// connections may share the fate of one that just failed), with
+// search_path set to the schema alone: resolveCommit's queries name the
+// tables without it.
+func (s *store) connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg := s.db.lockCfg.Copy()
+	cfg.RuntimeParams["search_path"] = s.db.ident
+	cfg.RuntimeParams["application_name"] = "runstate commit check"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	return conn, nil
+}
+
+// String names the run in the database, for errors.
+func (s *store) String() string {
+	return fmt.Sprintf("run %q in schema %s of %s", s.name, s.db.schema, s.db.where)
+}
+
+// session returns the open session, or an error for a reader.
+func (s *store) session() (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ses == nil {
+		return nil, fmt.Errorf("pgstore: run %s: this store has no session (open it with OpenStore)", s.name)
+	}
+	return s.ses, nil
+}

@@ -1,0 +1,190 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func newSession(t *testing.T) string {
+	id, err := uuid.NewV7()
+	require.NoError(t, err)
+	return id.String()
+}
+
+// appendLines appends n fake records in one batch from pos and returns
+// the position after them.
+func appendLines(t *testing.T, st Store, from Position, session string, n int, sync bool) Position {
+	t.Helper()
+	ctx := context.Background()
+	b, err := st.Lock(ctx, from)
+	require.NoError(t, err)
+	pos := from
+	require.NoError(t, b.Tail(func(line []byte) error {
+		pos.Seq++
+		pos.Hash = lineHash(line)
+		pos.End += int64(len(line) + 1)
+		pos.LastLen = int64(len(line) + 1)
+		return nil
+	}))
+	var recs []*runstate.Record
+	var lines bytes.Buffer
+	for range n {
+		rec := &runstate.Record{Seq: pos.Seq + 1, At: b.Now(), Ev: "plan", Session: session, Prev: pos.Hash}
+		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"plan","session":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, pos.Hash)
+		recs = append(recs, rec)
+		lines.WriteString(line + "\n")
+		pos = Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+	}
+	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
+	if sync {
+		require.NoError(t, b.Sync(ctx))
+	}
+	require.NoError(t, b.Unlock())
+	return pos
+}
+
+func lineHash(line []byte) string {
+	h := sha256.Sum256(line)
+	return hex.EncodeToString(h[:])
+}
+
+func readAll(t *testing.T, st Store) [][]byte {
+	var lines [][]byte
+	_, err := st.Read(context.Background(), Position{}, func(line []byte) error {
+		lines = append(lines, bytes.Clone(line))
+		return nil
+	})
+	require.NoError(t, err)
+	return lines
+}
+
+func TestStoreAppendsGaplessAndCatchesUp(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, b := db.Store("r"), db.Store("r")
+	sa, sb := newSession(t), newSession(t)
+	_, at, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	assert.Equal(t, Position{}, at)
+	_, _, err = b.Open(ctx, sb)
+	require.NoError(t, err)
+	defer b.Close(true)
+
+	pa := appendLines(t, a, Position{}, sa, 3, true)
+	// b is behind: its batch first catches up with a's three records.
+	pb := appendLines(t, b, Position{}, sb, 2, false)
+	assert.Equal(t, int64(5), pb.Seq)
+	pa = appendLines(t, a, pa, sa, 1, true)
+	assert.Equal(t, int64(6), pa.Seq)
+	lines := readAll(t, db.Store("r"))
+	require.Len(t, lines, 6)
+	assert.Equal(t, pa.Hash, lineHash(lines[5]))
+}
+
+func TestStoreAliveUntilSessionDies(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, b := db.Store("r"), db.Store("r")
+	sa, sb := newSession(t), newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	_, _, err = b.Open(ctx, sb)
+	require.NoError(t, err)
+	defer b.Close(true)
+	alive := func() bool {
+		bt, err := b.Lock(ctx, Position{})
+		require.NoError(t, err)
+		defer bt.Abort()
+		return bt.Alive(sa)
+	}
+	assert.True(t, alive())
+	live, err := b.Live(ctx, []string{sa, sb})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]bool{sa: true, sb: true}, live)
+
+	start := time.Now()
+	require.NoError(t, a.Close(false)) // as a SIGKILL would
+	for alive() {
+		require.Less(t, time.Since(start), 5*time.Second, "the dead session's lock is still held")
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("session gone after %v", time.Since(start))
+	live, err = b.Live(ctx, []string{sa, sb})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]bool{sa: false, sb: true}, live)
+}
+
+// A session whose lock connection was cut (here by the server) cannot
+// append: its batch finds its own lock takeable.
+func TestStoreFencesSessionThatLostItsLock(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a := db.Store("r")
+	sa := newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	pos := appendLines(t, a, Position{}, sa, 1, true)
+	_, err = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, lockKey(sa))
+	require.NoError(t, err)
+	var lockErr error
+	for range 100 {
+		if _, lockErr = a.Lock(ctx, pos); lockErr != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.ErrorIs(t, lockErr, ErrSessionLost)
+	assert.Len(t, readAll(t, a), 1)
+}
+
+func TestBlobsRoundTrip(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	bs := db.Store("r").Blobs()
+	for _, size := range []int{0, 10, chunkSize, 2*chunkSize + 17} {
+		data := bytes.Repeat([]byte{byte(size)}, size)
+		for i := range data {
+			data[i] ^= byte(i * 7)
+		}
+		sum := lineHash(data)
+		missing, err := bs.Missing(ctx, []string{sum})
+		require.NoError(t, err)
+		assert.Equal(t, []string{sum}, missing)
+		require.NoError(t, bs.Put(ctx, sum, int64(size), bytes.NewReader(data)))
+		require.NoError(t, bs.Put(ctx, sum, int64(size), bytes.NewReader(data)), "Put is idempotent")
+		missing, err = bs.Missing(ctx, []string{sum})
+		require.NoError(t, err)
+		assert.Empty(t, missing)
+		rc, err := bs.Get(ctx, sum)
+		require.NoError(t, err)
+		got, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(data, got), "size %d", size)
+	}
+	_, err := bs.Get(ctx, lineHash([]byte("nope")))
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	err = bs.Put(ctx, lineHash([]byte("abc")), 3, bytes.NewReader([]byte("abd")))
+	assert.Error(t, err, "bytes that do not match their hash are refused")
+	old := MaxBlob
+	MaxBlob = 5
+	defer func() { MaxBlob = old }()
+	err = bs.Put(ctx, lineHash([]byte("abcdef")), 6, bytes.NewReader([]byte("abcdef")))
+	assert.True(t, errors.Is(err, runstate.ErrInvalid), "%v", err)
+	assert.Contains(t, err.Error(), "MaxBlob")
+}
