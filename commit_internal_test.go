@@ -41,22 +41,22 @@ func TestManifestIntervalStretchesWithCost(t *testing.T) {
 	r, err := Open(t.TempDir(), &Options{Request: "interval", NoSync: true})
 	require.NoError(t, err)
 	defer r.Close()
-	r.mu.Lock()
-	r.manifestCost = time.Millisecond
-	r.mu.Unlock()
+	r.c.mu.Lock()
+	r.c.manifestCost = time.Millisecond
+	r.c.mu.Unlock()
 	assert.Equal(t, time.Second, r.manifestInterval(), "a cheap rewrite: the configured interval")
-	r.mu.Lock()
-	r.manifestCost = 100 * time.Millisecond
-	r.mu.Unlock()
+	r.c.mu.Lock()
+	r.c.manifestCost = 100 * time.Millisecond
+	r.c.mu.Unlock()
 	assert.Equal(t, 5*time.Second, r.manifestInterval())
 
 	// The cost is measured by writeManifest itself.
 	r.stMu.Lock()
-	r.writeManifest()
+	r.writeManifest(fileStoreOf(r).begin(r.st.position()))
 	r.stMu.Unlock()
-	r.mu.Lock()
-	cost := r.manifestCost
-	r.mu.Unlock()
+	r.c.mu.Lock()
+	cost := r.c.manifestCost
+	r.c.mu.Unlock()
 	assert.Positive(t, cost)
 	assert.Less(t, cost, 5*time.Second)
 }
@@ -75,7 +75,7 @@ func TestHandoffLagsByBeginsOnly(t *testing.T) {
 	// Every handoff rewrite is a complete's or the lag timer's: on a
 	// loaded machine a "short" stage may outlast handoffLag, and the
 	// timer then rewrites it too (counted in lagFlushes).
-	lags := r.lagFlushes.Load
+	lags := r.c.lag.flushes.Load
 	h0, l0 := c.handoffs.Load(), lags()
 
 	// A short stage: one handoff rewrite, by its complete.
@@ -131,9 +131,9 @@ func TestHandoffLagsByBeginsOnly(t *testing.T) {
 	_, err = r2.Begin(ctx, "at-close")
 	require.NoError(t, err)
 	require.NoError(t, r2.Close())
-	r2.mu.Lock()
-	assert.Nil(t, r2.flushTimer)
-	r2.mu.Unlock()
+	r2.c.mu.Lock()
+	assert.Nil(t, r2.c.lag.timer)
+	r2.c.mu.Unlock()
 	rep, err = Verify(dir)
 	require.NoError(t, err)
 	assert.True(t, rep.OK(), "%v", rep.Problems)
@@ -161,7 +161,7 @@ func TestHandoffRewrittenInPlace(t *testing.T) {
 	for i, n := range []int{900, 900, 10, 500, 20, 20, 1000, 1, 0, 700} {
 		text := strings.Repeat(string(rune('a'+i)), n)
 		r.stMu.Lock()
-		require.NoError(t, r.publishNextSteps([]byte(text)))
+		require.NoError(t, fileStoreOf(r).handoff.publish(fileStoreOf(r), []byte(text)))
 		r.stMu.Unlock()
 		got, err := os.ReadFile(p)
 		require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestHandoffFlushInABatchOfBegins(t *testing.T) {
 	require.NoError(t, err)
 	r.stopFlush(false) // no timer: this test sends the flush itself
 	r.stMu.RLock()
-	behind := r.handoffBehind
+	behind := r.c.lag.behind
 	r.stMu.RUnlock()
 	require.True(t, behind, "a begin alone leaves the handoff behind")
 
@@ -271,3 +271,6 @@ func TestLeaderFailsOnlyTheTransactionItCannotEncode(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.Done, "a and c skipped, b not")
 }
+
+// fileStoreOf is the file store behind r (the tests that look inside it).
+func fileStoreOf(r *Run) *dirStore { return r.store.(*dirStore) }

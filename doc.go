@@ -148,10 +148,10 @@
 // # Concurrency
 //
 // Any number of goroutines and processes may share one run. Appends are
-// serialized by a mutex and the lock on logs/ledger.lock, and concurrent
-// calls in one process share one write and one fsync (group commit); with
-// several goroutines running stages shorter than an fsync, a stage's end
-// may wait up to about one and a half fsyncs so that they share one. A
+// serialized by the lock on logs/ledger.lock, and concurrent calls in one
+// process share one write and one fsync (group commit: how batches form,
+// and how long a stage's end may wait to share an fsync, is in commit.go
+// and commitpolicy.go). A
 // stage begun by a live session is ErrBusy for everyone else; one begun by
 // a session that died (its lock in logs/sessions can be taken) is recorded
 // as interrupted and may be begun again. A session counts as dead only on
@@ -175,6 +175,19 @@
 // logs/ledger.wal are still the files it opened; when one was deleted,
 // renamed or replaced, the Run turns read-only.
 //
+// # Stores
+//
+// Open keeps a run in a run directory: the file store, whose files are
+// listed below. OpenStore runs the same Run on any Store, an interface
+// another module may implement (pgstore keeps runs in PostgreSQL, for a
+// fleet of agents on several machines; runstatetest has one in memory);
+// store.go says what a Store must guarantee. Outputs stay files in a local
+// directory either way. InspectStore, NextStepsStore, ReadStore and
+// VerifyStore read a run in any Store as Inspect, NextSteps, ReadLedger and
+// Verify read a run directory. The crash guarantee below is the file
+// store's; another store's durable point is its Batch.Sync (for a
+// database, a synchronous COMMIT).
+//
 // # The run directory (format version 1)
 //
 // Everything in it is plain text that cat and jq can read, except the
@@ -192,6 +205,8 @@
 //	logs/sessions/<id>.lock        held locked by each open session; removed by Close
 //	logs/handoff/<id>.0, .1        each open session's two copies of next-steps.txt,
 //	                               one of them hard-linked as it; removed by Close
+//	logs/handoff/<id>.new          the second name a copy gets while it is renamed
+//	                               over next-steps.txt (for an instant)
 //	logs/tmp/                      temp files of atomic writes, <session>-<random>;
 //	                               the next Open removes what a killed write left
 //	logs/ledger.jsonl.torn-<time>  a torn last line, moved aside before the cut

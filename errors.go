@@ -77,6 +77,13 @@ var (
 	// (a stopped or hung process: resume it, or end it).
 	ErrLockTimeout = errors.New("runstate: timed out waiting for the ledger lock")
 
+	// ErrSessionLost is wrapped by a Store's error from Lock or Sync when
+	// the session's liveness is gone (its lease expired, the connection
+	// that held it ended): other sessions may already count it dead and
+	// take its stages over. The Run turns read-only (ErrReadOnly for every
+	// later write); open the run again to continue as a new session.
+	ErrSessionLost = errors.New("runstate: session lost its liveness")
+
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage
 	// name, a path that escapes the run directory, an unknown stage, a
 	// receipt that is not JSON, a value larger than a ledger record may

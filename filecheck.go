@@ -4,12 +4,11 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"slices"
 )
 
 // fileIDs are the files a session appends to, as it opened them: the
-// ledger and the journal. Under the ledger lock, checkFiles and
-// checkJournal look whether their names still lead to them: a ledger or a
+// ledger and the journal. Under the ledger lock, checkFile (the ledger,
+// before a batch's fsync) and checkJournal look whether their names still lead to them: a ledger or a
 // journal deleted, renamed or replaced under a session (by a person, a
 // backup tool, a sync client) would otherwise take its appends and
 // fdatasyncs into a file nobody reads again, and records acknowledged
@@ -28,36 +27,29 @@ type fileID struct {
 	fi       fs.FileInfo
 }
 
-// errReplaced is what checkFiles reports for a file that is not the one
+// errReplaced is what checkFile reports for a file that is not the one
 // the session has open.
 var errReplaced = errors.New("it is no longer the file this session opened (deleted, renamed or replaced?)")
 
-// checkFiles reports, as a sticky WriteError naming the file, a ledger
-// whose path no longer leads to the file the session appends to. It runs
-// before every batch that acknowledges a record durably (one that asks for
-// an fsync: a Complete, an Effect's intent, a Close ...), under the ledger
-// lock, before anything is written: one statx (or lstat). A batch of begins
-// alone, which acknowledges nothing durably, is not checked: the complete
-// after it is. The journal is checked by checkJournal, only when a batch is
-// to be made durable in it: one made durable by the ledger's own fdatasync
-// does not depend on it.
-func (r *Run) checkFiles(batch []*tx) error {
-	if !slices.ContainsFunc(batch, func(t *tx) bool { return t.sync }) {
-		return nil
-	}
-	return r.checkFile(ledgerFile, r.ids.ledger)
-}
-
-// checkJournal is checkFiles for logs/ledger.wal: syncBatch calls it before
+// checkJournal is checkFile for logs/ledger.wal: syncBatch calls it before
 // it writes a batch into the ring, which alone then holds it durably.
-func (r *Run) checkJournal() error { return r.checkFile(walFile, r.ids.wal) }
+func (s *dirStore) checkJournal() error { return s.checkFile(walFile, s.ids.wal) }
 
-func (r *Run) checkFile(rel string, id fileID) error {
+// checkFile reports, as a sticky WriteError naming the file, a file (the
+// ledger: rel, id) whose path no longer leads to the file the session
+// appends to. Batch.Sync runs it for the ledger before every batch that
+// acknowledges a record durably (one that asks for an fsync: a Complete,
+// an Effect's intent, a Close ...), under the ledger lock, before the
+// fsync: one statx (or lstat). A batch of begins alone, which acknowledges
+// nothing durably, is not checked: the complete after it is. The journal
+// is checked by checkJournal, only when a batch is to be made durable in
+// it: one made durable by the ledger's own fdatasync does not depend on it.
+func (s *dirStore) checkFile(rel string, id fileID) error {
 	if id == (fileID{}) {
 		return nil
 	}
-	p := r.path(rel)
-	same, err := r.pathIs(rel, id)
+	p := s.path(rel)
+	same, err := s.pathIs(rel, id)
 	if err == nil && same {
 		return nil
 	}

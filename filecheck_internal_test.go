@@ -62,15 +62,15 @@ func BenchmarkCheckFiles(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer r.Close()
-	if r.wal.f == nil || r.ids.ledger == (fileID{}) {
+	if fileStoreOf(r).wal.f == nil || fileStoreOf(r).ids.ledger == (fileID{}) {
 		b.Fatal("no journal, or no file identity to check")
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := r.checkFiles([]*tx{{sync: true}}); err != nil {
+		if err := fileStoreOf(r).checkFile(ledgerFile, fileStoreOf(r).ids.ledger); err != nil {
 			b.Fatal(err)
 		}
-		if err := r.checkJournal(); err != nil {
+		if err := fileStoreOf(r).checkJournal(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -87,16 +87,16 @@ func BenchmarkCheckpointFileCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer r.Close()
-	ids := r.ids
+	ids := fileStoreOf(r).ids
 	ctx := context.Background()
 	var on, off []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for k, check := range []bool{i%2 == 0, i%2 != 0} {
 			r.stMu.Lock()
-			r.ids = fileIDs{}
+			fileStoreOf(r).ids = fileIDs{}
 			if check {
-				r.ids = ids
+				fileStoreOf(r).ids = ids
 			}
 			r.stMu.Unlock()
 			name := fmt.Sprintf("s%d-%d", i, k)

@@ -76,18 +76,18 @@ func idOf(f file) (fileID, error) {
 // directory's descriptor where the Run holds one (outputDirs): two path
 // components instead of the whole absolute path, the same directory its
 // outputs go to.
-func (r *Run) pathIs(rel string, id fileID) (bool, error) {
+func (s *dirStore) pathIs(rel string, id fileID) (bool, error) {
 	if id.fi != nil {
-		return lstatIs(r.path(rel), id)
+		return lstatIs(s.path(rel), id)
 	}
 	var dev, ino uint64
 	var err error
-	if d := r.out.root; d != nil {
+	if d := s.dirFD; d != nil {
 		if cerr := control(d, func(fd int) { dev, ino, err = statx(fd, rel, atSymlinkNofollow) }); cerr != nil {
 			return false, cerr
 		}
 	} else {
-		dev, ino, err = statx(atFDCWD, r.path(rel), atSymlinkNofollow)
+		dev, ino, err = statx(atFDCWD, s.path(rel), atSymlinkNofollow)
 	}
 	if err != nil {
 		return false, err

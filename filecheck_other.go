@@ -7,4 +7,4 @@ func idOf(f file) (fileID, error) { return statFileID(f) }
 
 // pathIs reports whether rel, in the run directory (a link is not
 // followed), is the file id names.
-func (r *Run) pathIs(rel string, id fileID) (bool, error) { return lstatIs(r.path(rel), id) }
+func (s *dirStore) pathIs(rel string, id fileID) (bool, error) { return lstatIs(s.path(rel), id) }

@@ -130,9 +130,9 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 			return nil, err
 		}
 		if stored {
-			r.mu.Lock()
-			r.deduped++
-			r.mu.Unlock()
+			r.c.mu.Lock()
+			r.c.deduped++
+			r.c.mu.Unlock()
 			return receipt, nil
 		}
 		if check {

@@ -206,8 +206,7 @@ type chain struct {
 func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) error) (tornAt int64, err error) {
 	src := newLineSource(r)
 	defer src.stop()
-	var d decoder
-	var rec Record
+	p := replayer{path: path, c: c, apply: apply}
 	for {
 		line, hash, rerr := src.next()
 		if rerr == errLineTooLong {
@@ -223,28 +222,59 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 		if rerr != nil {
 			return -1, fmt.Errorf("runstate: read %s: %w", path, rerr)
 		}
-		body := line[:len(line)-1]
-		if perr := d.parse(body, c.hash, &rec); perr != nil {
-			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
-		}
-		if c.crc && !d.crc {
-			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
-				Err: errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)}
-		}
-		if err := c.check(path, &rec); err != nil {
+		if err := p.step(line[:len(line)-1], hash); err != nil {
 			return -1, err
 		}
-		if apply != nil {
-			if err := apply(&rec, body); err != nil {
-				return -1, err
-			}
-		}
-		c.seq = rec.Seq
-		c.hash = hash
-		c.offset += int64(len(line))
-		c.crc = d.crc
 	}
 }
+
+// replayer checks ledger lines, from a file or from any Store, one at a
+// time: each must continue the chain c (seq+1, prev = hash of the line
+// before, a crc field after a line with one); apply gets each record that
+// does. It is the one place where a line becomes a record of the state.
+type replayer struct {
+	path  string // the ledger (or the store) the lines come from, for errors
+	c     *chain
+	apply func(*Record, []byte) error
+	d     decoder
+	rec   Record
+}
+
+// line checks and applies one line without its '\n'.
+func (p *replayer) line(body []byte) error { return p.step(body, lineHash(body)) }
+
+// step is line for a line whose chain hash is known.
+func (p *replayer) step(body []byte, hash string) error {
+	c := p.c
+	if perr := p.d.parse(body, c.hash, &p.rec); perr != nil {
+		return &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
+	}
+	if c.crc && !p.d.crc {
+		return &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset,
+			Err: errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)}
+	}
+	if err := c.check(p.path, &p.rec); err != nil {
+		return err
+	}
+	if p.apply != nil {
+		if err := p.apply(&p.rec, body); err != nil {
+			return err
+		}
+	}
+	c.seq = p.rec.Seq
+	c.hash = hash
+	c.offset += int64(len(body) + 1)
+	c.crc = p.d.crc
+	return nil
+}
+
+// position is c as a Store's Position, with lastLen the last line's length.
+func (c chain) position(lastLen int64) Position {
+	return Position{Seq: c.seq, Hash: c.hash, End: c.offset, LastLen: lastLen, CRC: c.crc}
+}
+
+// chainAt is the chain at p.
+func chainAt(p Position) chain { return chain{seq: p.Seq, hash: p.Hash, offset: p.End, crc: p.CRC} }
 
 // errBrokenChain is wrapped by the CorruptError for a prev hash that does
 // not match the line before: that line, most likely, is the one edited.

@@ -43,7 +43,7 @@ func TestDeadNeedsProof(t *testing.T) {
 			c.ss.ID = id
 			r.st.sessions[id] = c.ss
 		}
-		got := r.alive(id)
+		got := fileStoreOf(r).alive(id)
 		delete(r.st.sessions, id)
 		r.stMu.Unlock()
 		assert.Equal(t, c.alive, got, "%s: alive", c.name)

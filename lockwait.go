@@ -25,29 +25,29 @@ func init() { lockWarnAfter.Store(int64(2 * time.Second)) }
 // lockWarnAfter is logged with the holder; a wait that ctx ends fails with
 // an error that names it. Open waits before it has a session or a state
 // (opening): the holder is named by pid alone then.
-func (r *Run) waitLock(ctx context.Context, opening bool) error {
-	if ok, err := r.lock.TryLock(); ok || err != nil {
+func (s *dirStore) waitLock(ctx context.Context, opening bool) error {
+	if ok, err := s.lock.TryLock(); ok || err != nil {
 		if err != nil {
-			return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
+			return fmt.Errorf("runstate: lock %s: %w", s.path(lockFile), err)
 		}
 		return nil
 	}
 	start := time.Now()
 	after := time.Duration(lockWarnAfter.Load())
 	warn := time.AfterFunc(after, func() {
-		r.log.Warn("runstate: still waiting for the ledger lock", "lock", r.path(lockFile),
-			"waited", time.Since(start).Round(time.Millisecond), "holder", r.describeHolder(!opening))
+		s.log.Warn("runstate: still waiting for the ledger lock", "lock", s.path(lockFile),
+			"waited", time.Since(start).Round(time.Millisecond), "holder", s.describeHolder(!opening))
 	})
-	err := lockContext(ctx, r.lock)
+	err := lockContext(ctx, s.lock)
 	warn.Stop()
 	if err != nil {
 		if ctx.Err() != nil {
-			return r.lockWaitError(ctxErr(ctx), time.Since(start), !opening)
+			return s.lockWaitError(ctxErr(ctx), time.Since(start), !opening)
 		}
-		return fmt.Errorf("runstate: lock %s: %w", r.path(lockFile), err)
+		return fmt.Errorf("runstate: lock %s: %w", s.path(lockFile), err)
 	}
 	if d := time.Since(start); d >= after {
-		r.log.Info("runstate: got the ledger lock", "lock", r.path(lockFile), "waited", d.Round(time.Millisecond))
+		s.log.Info("runstate: got the ledger lock", "lock", s.path(lockFile), "waited", d.Round(time.Millisecond))
 	}
 	return nil
 }
@@ -110,9 +110,9 @@ func ctxErr(ctx context.Context) error {
 
 // lockWaitError is the error of a call that gave up waiting for the
 // ledger lock after waited, for cause: it names the lock's holder.
-func (r *Run) lockWaitError(cause error, waited time.Duration, withState bool) error {
+func (s *dirStore) lockWaitError(cause error, waited time.Duration, withState bool) error {
 	return fmt.Errorf("runstate: gave up waiting for %s after %s: %w; it is held by %s: a stopped or hung process? resume it (kill -CONT PID) or end it, then call again; nothing was recorded",
-		r.path(lockFile), waited.Round(time.Millisecond), cause, r.describeHolder(withState))
+		s.path(lockFile), waited.Round(time.Millisecond), cause, s.describeHolder(withState))
 }
 
 // describeHolder says who holds the ledger lock, as well as it can be found.
@@ -122,17 +122,11 @@ func (r *Run) lockWaitError(cause error, waited time.Duration, withState bool) e
 // sessions: one of them, or an operator's command, holds it. It reads the
 // state (withState: Open has made it, and the session's id and host) only
 // when no batch is using it.
-func (r *Run) describeHolder(withState bool) string {
-	pids := lockHolders(r.path(lockFile))
+func (s *dirStore) describeHolder(withState bool) string {
+	pids := lockHolders(s.path(lockFile))
 	var sessions []*SessionStatus
-	if withState && r.stMu.TryRLock() {
-		if r.st != nil {
-			for _, ss := range r.st.sessions {
-				c := *ss
-				sessions = append(sessions, &c)
-			}
-		}
-		r.stMu.RUnlock()
+	if withState && s.openSessions != nil {
+		sessions = s.openSessions()
 	}
 	slices.SortFunc(sessions, func(a, b *SessionStatus) int { return strings.Compare(a.ID, b.ID) })
 	describe := func(ss *SessionStatus) string {
@@ -141,16 +135,16 @@ func (r *Run) describeHolder(withState bool) string {
 	if len(pids) > 0 {
 		var who []string
 		for _, pid := range pids {
-			s := fmt.Sprintf("pid %d", pid)
+			w := fmt.Sprintf("pid %d", pid)
 			if pid == os.Getpid() {
-				s += " (this process)"
+				w += " (this process)"
 			}
 			for _, ss := range sessions {
-				if ss.PID == pid && ss.Host == r.host && ss.ID != r.session {
-					s += ", " + describe(ss)
+				if ss.PID == pid && ss.Host == s.host && ss.ID != s.session {
+					w += ", " + describe(ss)
 				}
 			}
-			who = append(who, s)
+			who = append(who, w)
 		}
 		return strings.Join(who, "; ") + " on this host"
 	}
@@ -159,7 +153,7 @@ func (r *Run) describeHolder(withState bool) string {
 	}
 	var open []string
 	for _, ss := range sessions {
-		if ss.ID != r.session {
+		if ss.ID != s.session {
 			open = append(open, describe(ss))
 		}
 	}

@@ -16,15 +16,15 @@ import (
 // ledger's loss is reported as corruption, and nothing is written. The
 // caller holds the ledger lock; existed says whether the ledger was there
 // before Open created it.
-func (r *Run) refuseReplace(existed bool) error {
-	found := leftovers(r.fs, r.abs, existed)
+func (s *dirStore) refuseReplace(existed bool) error {
+	found := leftovers(s.fs, s.abs, existed)
 	if len(found) == 0 {
 		return nil
 	}
 	if !existed {
-		_ = r.fs.Remove(r.path(ledgerFile)) // Open created it: leave the directory as it was
+		_ = s.fs.Remove(s.path(ledgerFile)) // Open created it: leave the directory as it was
 	}
-	return lostLedger(r.path(ledgerFile), r.ledger, existed, found)
+	return lostLedger(s.path(ledgerFile), s.ledger, existed, found)
 }
 
 // leftovers lists the files in dir that only a run leaves (see

@@ -1,17 +1,10 @@
 package runstate
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"math"
-	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -260,122 +253,4 @@ func oneLine(s string) string {
 		s = s[:cut] + "..."
 	}
 	return escape.Text(s)
-}
-
-// handoffDir holds, for each open session, the two files that
-// logs/next-steps.txt is published from: <session>.0 and <session>.1.
-// Close removes them; the next Open removes those of a killed session.
-const handoffDir = "logs/handoff"
-
-// linker is a fileSystem that can make hard links. osFS is one; without
-// it, the handoff is replaced through a new temp file each time.
-type linker interface {
-	Link(oldname, newname string) error
-}
-
-// publishNextSteps replaces logs/next-steps.txt with data, atomically for
-// readers, without creating or deleting a file. It alternates between the
-// session's two handoff files: it rewrites the one that is not published,
-// gives it a second name and renames that over next-steps.txt, whose
-// previous file keeps its handoff name. Creating a file per append
-// (writeAtomic) costs more than the ledger's own write and fsync on some
-// file systems: ext4 allocates an inode (without a journal it skips every
-// inode freed in the last 30 s, reading each), and on a rename over a file
-// it flushes the new file and frees the old one's blocks. A reader that
-// keeps next-steps.txt open across two appends may see the newer text.
-// The caller holds the ledger lock.
-func (r *Run) publishNextSteps(data []byte) error {
-	l, ok := r.fs.(linker)
-	if !ok || r.handoffOff {
-		return writeAtomic(r.fs, r.path(tmpDir), r.session, r.path(nextStepsFile), data, false)
-	}
-	k := r.handoffNext
-	buf := r.path(handoffDir + "/" + r.session + "." + strconv.Itoa(k))
-	if err := r.writeHandoff(k, buf, data); err != nil {
-		return err
-	}
-	pub := r.path(handoffDir + "/" + r.session + ".new")
-	err := l.Link(buf, pub)
-	if errors.Is(err, fs.ErrExist) { // left by a failed rename
-		_ = r.fs.Remove(pub)
-		err = l.Link(buf, pub)
-	}
-	if err != nil {
-		// No hard links here (FAT, some network file systems): replace
-		// through temp files from now on.
-		r.handoffOff = true
-		r.log.Debug("runstate: no hard links for the handoff; writing it through temp files", "err", err)
-		return writeAtomic(r.fs, r.path(tmpDir), r.session, r.path(nextStepsFile), data, false)
-	}
-	if err := r.fs.Rename(pub, r.path(nextStepsFile)); err != nil {
-		_ = r.fs.Remove(pub)
-		return err
-	}
-	r.handoffNext ^= 1
-	return nil
-}
-
-// writeHandoff rewrites handoff file k in place. Where it can (not on
-// Windows, where a rename over an open file fails), it keeps the file
-// open for the next time.
-func (r *Run) writeHandoff(k int, path string, data []byte) error {
-	r.handoffMu.Lock()
-	defer r.handoffMu.Unlock()
-	if f := r.handoff[k]; f != nil {
-		_, err := f.(io.WriterAt).WriteAt(data, 0)
-		// Cut the file only when the new text is shorter than what it
-		// holds (a system call spared on most appends).
-		if err == nil && int64(len(data)) < r.handoffLen[k] {
-			err = f.Truncate(int64(len(data)))
-		}
-		if err != nil {
-			r.handoffLen[k] = math.MaxInt64 // unknown: cut next time
-			return err
-		}
-		r.handoffLen[k] = int64(len(data))
-		return nil
-	}
-	f, err := r.fs.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Truncate(int64(len(data)))
-	}
-	if _, ok := f.(io.WriterAt); ok && err == nil && runtime.GOOS != "windows" {
-		r.handoff[k] = f
-		r.handoffLen[k] = int64(len(data))
-		return nil
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// removeHandoff removes this session's handoff files; next-steps.txt keeps
-// the one it names. A second call does nothing.
-func (r *Run) removeHandoff() {
-	for _, suffix := range []string{".0", ".1", ".new"} {
-		_ = r.fs.Remove(r.path(handoffDir + "/" + r.session + suffix))
-	}
-}
-
-// closeFiles closes the files a session keeps open besides the ledger: the
-// writers' lock file and the handoff files. It does not wait for a batch
-// in progress (crash calls it in the middle of one, as a killed process's
-// exit would), only for a handoff file being written.
-func (r *Run) closeFiles() {
-	if r.lock != nil {
-		r.lock.Close()
-	}
-	r.handoffMu.Lock()
-	defer r.handoffMu.Unlock()
-	for k, f := range r.handoff {
-		if f != nil {
-			f.Close()
-			r.handoff[k] = nil
-		}
-	}
 }

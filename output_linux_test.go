@@ -38,16 +38,16 @@ func TestOutputUnnamedFile(t *testing.T) {
 		assert.Empty(t, ents, "%s: nothing left in logs/tmp", rel)
 	}
 
-	require.Zero(t, r.out.link.Load(), "no way learnt before the first output")
-	require.True(t, r.out.write("first.txt", "t1", []byte("first"), 0o644))
+	require.Zero(t, r.out.fast.link.Load(), "no way learnt before the first output")
+	require.True(t, r.out.fast.write("first.txt", "t1", []byte("first"), 0o644))
 	check("first.txt", []byte("first"))
-	way := r.out.link.Load()
+	way := r.out.fast.link.Load()
 	assert.Contains(t, []int{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
 
 	// An output that exists is replaced (a link cannot), the way kept.
-	require.True(t, r.out.write("first.txt", "t2", []byte("second, longer"), 0o644))
+	require.True(t, r.out.fast.write("first.txt", "t2", []byte("second, longer"), 0o644))
 	check("first.txt", []byte("second, longer"))
-	assert.Equal(t, way, r.out.link.Load(), "replacing an output does not change the way")
+	assert.Equal(t, way, r.out.fast.link.Load(), "replacing an output does not change the way")
 
 	for _, c := range []struct {
 		how  int
@@ -56,11 +56,11 @@ func TestOutputUnnamedFile(t *testing.T) {
 		if c.how == unnamed.EmptyPath && way == unnamed.Proc {
 			continue // refused here: the first write found so
 		}
-		r.out.link.Store(c.how)
+		r.out.fast.link.Store(c.how)
 		data := []byte("written with link way " + c.name)
-		require.True(t, r.out.write(c.name, "t-"+c.name, data, 0o644), c.name)
+		require.True(t, r.out.fast.write(c.name, "t-"+c.name, data, 0o644), c.name)
 		check(c.name, data)
-		assert.Equal(t, c.how, r.out.link.Load(), "%s: the way that worked is kept", c.name)
+		assert.Equal(t, c.how, r.out.fast.link.Load(), "%s: the way that worked is kept", c.name)
 	}
 }
 
@@ -95,7 +95,7 @@ func TestOutputFastPath(t *testing.T) {
 	} {
 		t.Run(c.rel, func(t *testing.T) {
 			data := []byte("data of " + c.rel)
-			assert.Equal(t, c.fast, r.out.write(c.rel, r.session+"-probe", data, 0o644), "fast path")
+			assert.Equal(t, c.fast, r.out.fast.write(c.rel, r.session+"-probe", data, 0o644), "fast path")
 			if c.fast {
 				got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(c.rel)))
 				require.NoError(t, err)
@@ -123,6 +123,6 @@ func TestOutputFastPath(t *testing.T) {
 
 	// After Close the fast path declines (the directories are closed).
 	require.NoError(t, r.Close())
-	assert.False(t, r.out.write("late.txt", "x", []byte("late"), 0o644))
+	assert.False(t, r.out.fast.write("late.txt", "x", []byte("late"), 0o644))
 	assert.NoFileExists(t, filepath.Join(dir, "late.txt"))
 }

@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -114,12 +113,12 @@ func kindOf(m fs.FileMode) string {
 // guard checks the run's own files before Open uses them (guardOwnFiles)
 // and makes every file the Run creates through its file system get the
 // ledger's permission bits.
-func (r *Run) guard() error {
-	mode, err := guardOwnFiles(r.dir, r.log)
+func (s *dirStore) guard() error {
+	mode, err := guardOwnFiles(s.dir, s.log)
 	if err != nil {
 		return err
 	}
-	r.fs = withMode(r.fs, mode)
+	s.fs = withMode(s.fs, mode)
 	return nil
 }
 
@@ -217,69 +216,6 @@ func reservedName(rel string) string {
 		}
 	}
 	return ""
-}
-
-// checkLanding refuses an output rel whose path, once the symbolic links
-// on its way are followed, names runstate's own files (ownPath) or leads
-// out of the run: os.Root keeps a link inside the run directory, but one
-// to logs/ (or to the run directory itself, then manifest.json) is inside
-// too. With final, rel's last component is followed as well (an output
-// that Output declares is read through it); without, it is not (WriteFile
-// replaces it). Where no directory on the way is a link, it costs one
-// lstat per directory level.
-func (r *Run) checkLanding(rel string, final bool) error {
-	return r.landing(rel, rel, final, 0)
-}
-
-func (r *Run) landing(orig, rel string, final bool, depth int) error {
-	p := rel
-	if !final {
-		p = path.Dir(rel)
-	}
-	if p == "." {
-		return nil
-	}
-	// The first component that is a link, if any.
-	var link string
-	for i := 0; ; {
-		j := strings.IndexByte(p[i:], '/')
-		prefix := p
-		if j >= 0 {
-			prefix = p[:i+j]
-		}
-		fi, err := os.Lstat(r.path(prefix))
-		if err != nil {
-			return nil // missing: what follows is made as real directories
-		}
-		if fi.Mode()&(fs.ModeSymlink|fs.ModeIrregular) != 0 {
-			link = prefix
-			break
-		}
-		if j < 0 {
-			return nil
-		}
-		i += j + 1
-	}
-	if depth > 40 {
-		return fmt.Errorf("%w: output %s: too many symbolic links on the way", ErrInvalid, orig)
-	}
-	top, err := filepath.EvalSymlinks(r.dir)
-	if err != nil {
-		return fmt.Errorf("runstate: output %s: %w", orig, err)
-	}
-	to, err := filepath.EvalSymlinks(r.path(link))
-	if err != nil {
-		return fmt.Errorf("%w: output %s: %s is a symbolic link that cannot be followed (%v): outputs must stay inside the run directory %s", ErrInvalid, orig, link, err, r.dir)
-	}
-	in, err := filepath.Rel(top, to)
-	if err != nil || !filepath.IsLocal(in) && in != "." {
-		return fmt.Errorf("%w: output %s leads out of the run directory %s through the symbolic link %s", ErrInvalid, orig, r.dir, link)
-	}
-	now := path.Join(filepath.ToSlash(in), strings.TrimPrefix(rel, link))
-	if ownPath(now) {
-		return fmt.Errorf("%w: output %s is %s through the symbolic link %s, one of runstate's own files: write it elsewhere, or replace the link", ErrInvalid, orig, now, link)
-	}
-	return r.landing(orig, now, final, depth+1)
 }
 
 // openRegular opens a file to hash it (an input, an output) with open,

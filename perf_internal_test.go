@@ -413,7 +413,7 @@ func TestGroupCommit(t *testing.T) {
 	c := newCountFS()
 	c.syncDelay = time.Millisecond // a slow disk: writers pile up behind an fsync
 	r := openCounted(t, dir, c, Options{})
-	syncs0, writes0, handoffs0, flushes0 := c.commitSyncs.Load(), c.ledgerWrites.Load(), c.handoffs.Load(), r.lagFlushes.Load()
+	syncs0, writes0, handoffs0, flushes0 := c.commitSyncs.Load(), c.ledgerWrites.Load(), c.handoffs.Load(), r.c.lag.flushes.Load()
 	const goroutines, each = 8, 10
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
@@ -427,7 +427,7 @@ func TestGroupCommit(t *testing.T) {
 	}
 	wg.Wait()
 	syncs, writes, handoffs := c.commitSyncs.Load()-syncs0, c.ledgerWrites.Load()-writes0, c.handoffs.Load()-handoffs0
-	flushes := r.lagFlushes.Load() - flushes0
+	flushes := r.c.lag.flushes.Load() - flushes0
 	t.Logf("%d checkpoints (%d commits): %d ledger writes, %d fsyncs, %d next-steps.txt rewrites (%d by the lag timer)",
 		goroutines*each, 2*goroutines*each, writes, syncs, handoffs, flushes)
 	assert.Less(t, syncs, int64(goroutines*each), "group commit: fewer fsyncs than checkpoints")
@@ -473,7 +473,7 @@ func TestBeginsJoinTheBatch(t *testing.T) {
 			n := inGoroutines(t, 8, 20, func(name string) error { return smallDo(ctx, r, name) })
 			writes := c.ledgerWrites.Load() - writes0
 			commits, best = 2*n, min(best, writes)
-			t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes; yield %v skipped %d", commits, writes, r.yieldTime, r.coopSkipped)
+			t.Logf("%d commits (a begin and a complete per checkpoint): %d ledger writes; yield %v skipped %d", commits, writes, r.c.policy.yieldTime, r.c.policy.coopSkipped)
 		})
 	}
 	assert.LessOrEqual(t, best, commits/2, "begins join the batches of completes (69-102 here; without the yield 200)")
@@ -525,9 +525,9 @@ func TestCooperateWhenBusy(t *testing.T) {
 	})
 	stop.Store(true)
 	hogs.Wait()
-	r.mu.Lock()
-	skipped, yield, syncTime := r.coopSkipped, r.yieldTime, r.syncTime
-	r.mu.Unlock()
+	r.c.mu.Lock()
+	skipped, yield, syncTime := r.c.policy.coopSkipped, r.c.policy.yieldTime, r.c.policy.syncTime
+	r.c.mu.Unlock()
 	t.Logf("%d checkpoints beside 2 busy goroutines: %d batches skipped the yield; a yield takes %v, an fsync %v", n, skipped, yield, syncTime)
 	assert.Positive(t, skipped, "yields that wait for a time slice are given up")
 }
@@ -538,24 +538,24 @@ func TestCooperateWhenBusy(t *testing.T) {
 func TestCooperateProbes(t *testing.T) {
 	r, begin, complete := queuedPair(t)
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.syncTime, r.stageTime, r.yieldTime = time.Millisecond, 10*time.Microsecond, 10*time.Millisecond
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	r.c.policy.syncTime, r.c.policy.stageTime, r.c.policy.yieldTime = time.Millisecond, 10*time.Microsecond, 10*time.Millisecond
 	for i := 1; i < coopProbe; i++ {
-		r.queue = []*tx{complete, begin}
+		r.c.queue = []*tx{complete, begin}
 		r.cooperate(nil)
-		assert.Equal(t, []*tx{complete, begin}, r.queue, "batch %d: not gathered", i)
-		assert.Equal(t, 10*time.Millisecond, r.yieldTime, "batch %d: no yield measured", i)
+		assert.Equal(t, []*tx{complete, begin}, r.c.queue, "batch %d: not gathered", i)
+		assert.Equal(t, 10*time.Millisecond, r.c.policy.yieldTime, "batch %d: no yield measured", i)
 	}
 	r.cooperate(nil) // the probe: a yield with nothing else to run is fast
-	assert.Less(t, r.yieldTime, 10*time.Millisecond, "the probe's yield is measured")
-	assert.Greater(t, r.yieldTime, r.syncTime, "one fast yield does not outweigh slow ones")
-	assert.Equal(t, []*tx{complete, begin}, r.queue, "the probe does not gather while yields are still slow")
+	assert.Less(t, r.c.policy.yieldTime, 10*time.Millisecond, "the probe's yield is measured")
+	assert.Greater(t, r.c.policy.yieldTime, r.c.policy.syncTime, "one fast yield does not outweigh slow ones")
+	assert.Equal(t, []*tx{complete, begin}, r.c.queue, "the probe does not gather while yields are still slow")
 
-	r.yieldTime = 10 * time.Microsecond
+	r.c.policy.yieldTime = 10 * time.Microsecond
 	r.cooperate(nil)
-	assert.Equal(t, []*tx{complete}, r.queue, "yields cheap again: the begin is written alone, the batch gathered")
-	r.queue = nil
+	assert.Equal(t, []*tx{complete}, r.c.queue, "yields cheap again: the begin is written alone, the batch gathered")
+	r.c.queue = nil
 }
 
 // TestCooperateOneSlowYield: a yield made slow once (as when the kernel
@@ -570,21 +570,21 @@ func TestCooperateOneSlowYield(t *testing.T) {
 		r.cooperate(nil)
 	}
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
 	for range 4 {
 		r.cooperate(nil) // nothing else to run: fast
 	}
-	require.Less(t, r.yieldTime, coopBusy)
+	require.Less(t, r.c.policy.yieldTime, coopBusy)
 	slowYield()
-	assert.Less(t, r.yieldTime, coopBusy, "one slow yield alone: still not busy (%v)", r.yieldTime)
+	assert.Less(t, r.c.policy.yieldTime, coopBusy, "one slow yield alone: still not busy (%v)", r.c.policy.yieldTime)
 	r.cooperate(nil)
 	slowYield()
 	slowYield()
-	assert.Greater(t, r.yieldTime, coopBusy, "two slow yields in a row: busy")
-	skipped := r.coopSkipped
+	assert.Greater(t, r.c.policy.yieldTime, coopBusy, "two slow yields in a row: busy")
+	skipped := r.c.policy.coopSkipped
 	r.cooperate(nil)
-	assert.Equal(t, skipped+1, r.coopSkipped, "busy: the next batch skips the yield")
+	assert.Equal(t, skipped+1, r.c.policy.coopSkipped, "busy: the next batch skips the yield")
 }
 
 // inGoroutines calls do with names g<g>/s<i> from goroutines goroutines,
@@ -623,7 +623,7 @@ func TestGatherOneFsyncForAll(t *testing.T) {
 	for i := range 5 {
 		require.NoError(t, smallDo(ctx, r, fmt.Sprintf("alone/s%d", i)))
 	}
-	assert.Zero(t, r.gathered.Load()+r.gatherLate.Load(), "a goroutine alone: no gathering")
+	assert.Zero(t, r.c.policy.gathered.Load()+r.c.policy.gatherLate.Load(), "a goroutine alone: no gathering")
 
 	run := func(prefix string, stage time.Duration) (checkpoints, syncs int64) {
 		syncs0 := c.commitSyncs.Load()
@@ -637,13 +637,13 @@ func TestGatherOneFsyncForAll(t *testing.T) {
 	}
 	n, syncs := run("short", 0)
 	t.Logf("short stages: %d checkpoints, %d fsyncs; %d waits ended with every goroutine back, %d ran out",
-		n, syncs, r.gathered.Load(), r.gatherLate.Load())
-	assert.Positive(t, r.gathered.Load())
+		n, syncs, r.c.policy.gathered.Load(), r.c.policy.gatherLate.Load())
+	assert.Positive(t, r.c.policy.gathered.Load())
 	assert.LessOrEqual(t, syncs, n/4, "an fsync covers most of the 8 goroutines (36-45 fsyncs for 200 here; 75-77 without gathering)")
 
-	late0 := r.gatherLate.Load()
+	late0 := r.c.policy.gatherLate.Load()
 	n, syncs = run("long", 5*time.Millisecond)
-	late := r.gatherLate.Load() - late0
+	late := r.c.policy.gatherLate.Load() - late0
 	t.Logf("5 ms stages: %d checkpoints, %d fsyncs, %d waits ran out", n, syncs, late)
 	// A wait that runs out can split the goroutines into two groups that
 	// then take turns (about 60 fsyncs for 200 here, against 30); stages
@@ -678,37 +678,37 @@ func TestGatherWhen(t *testing.T) {
 		}
 	}
 
-	r.mu.Lock()
-	r.queue = []*tx{complete, begin}
-	r.syncTime, r.stageTime = time.Millisecond, 5*time.Millisecond
+	r.c.mu.Lock()
+	r.c.queue = []*tx{complete, begin}
+	r.c.policy.syncTime, r.c.policy.stageTime = time.Millisecond, 5*time.Millisecond
 	r.gatherBatch(nil)
-	assert.Equal(t, []*tx{complete, begin}, r.queue, "stages longer than an fsync: the queue as it was")
+	assert.Equal(t, []*tx{complete, begin}, r.c.queue, "stages longer than an fsync: the queue as it was")
 	assert.False(t, closed(begin))
 
 	// The leader's own begin: its stage runs only once the leader stops
 	// leading, so no record is expected from it.
-	r.stageTime = 100 * time.Microsecond
+	r.c.policy.stageTime = 100 * time.Microsecond
 	own := &tx{fn: noop, lazy: true, done: make(chan struct{})}
-	r.queue = []*tx{complete, own}
+	r.c.queue = []*tx{complete, own}
 	r.gatherBatch(own)
 	assert.True(t, closed(own))
-	assert.Equal(t, []*tx{complete}, r.queue)
-	assert.Equal(t, int64(1), r.gathered.Load(), "every record expected is there at once")
-	assert.Zero(t, r.gatherLate.Load())
+	assert.Equal(t, []*tx{complete}, r.c.queue)
+	assert.Equal(t, int64(1), r.c.policy.gathered.Load(), "every record expected is there at once")
+	assert.Zero(t, r.c.policy.gatherLate.Load())
 
-	r.queue = []*tx{complete, begin}
+	r.c.queue = []*tx{complete, begin}
 	start := time.Now()
 	r.gatherBatch(nil)
 	waited := time.Since(start)
 	assert.True(t, closed(begin), "the begin written alone, its goroutine let go")
-	assert.Equal(t, []*tx{complete}, r.queue, "the records to sync still queued")
+	assert.Equal(t, []*tx{complete}, r.c.queue, "the records to sync still queued")
 	assert.GreaterOrEqual(t, waited, 3*time.Millisecond/2, "waited one and a half fsyncs for the begin's goroutine to come back")
-	assert.Equal(t, int64(1), r.gatherLate.Load(), "it did not come back")
-	assert.Equal(t, 8, r.gatherOff, "gathering off for the next 8 batches")
+	assert.Equal(t, int64(1), r.c.policy.gatherLate.Load(), "it did not come back")
+	assert.Equal(t, 8, r.c.policy.gatherOff, "gathering off for the next 8 batches")
 	r.gatherBatch(nil)
-	assert.Equal(t, 7, r.gatherOff)
-	r.queue = nil
-	r.mu.Unlock()
+	assert.Equal(t, 7, r.c.policy.gatherOff)
+	r.c.queue = nil
+	r.c.mu.Unlock()
 }
 
 // TestHandoffFiles checks how next-steps.txt is published without a new

@@ -1,6 +1,9 @@
 package runstate
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -72,4 +75,18 @@ func (ev *evidence) recorded(inputs map[string]string) map[string]string {
 		return inputs
 	}
 	return out
+}
+
+// hashFile is the fingerprint of the File input at p.
+func hashFile(p string) (string, error) {
+	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }

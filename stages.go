@@ -7,15 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"maps"
-	"os"
 	"os/user"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -208,19 +203,6 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 	return ev, nil
 }
 
-func hashFile(p string) (string, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // afterFingerprint is the fingerprint of a done stage's outputs: it changes
 // when the stage is redone with other results, and only then. A stage
 // redone (its inputs changed, or an operator invalidated it) that produces
@@ -275,37 +257,6 @@ func staleReason(recorded, current map[string]string) string {
 	return ""
 }
 
-// checkOutputs hashes a done stage's recorded outputs and says which one
-// is missing or altered, or "" when all are as recorded.
-func (r *Run) checkOutputs(outs []Output) string {
-	for _, o := range outs {
-		sum, size, err := r.hashOutput(o.Path)
-		switch {
-		case isNotExist(err):
-			return fmt.Sprintf("output %s missing", o.Path)
-		case err != nil:
-			return fmt.Sprintf("output %s unreadable: %v", o.Path, err)
-		case sum != o.SHA256 || size != o.Size:
-			return fmt.Sprintf("output %s altered (sha256:%.12s, want sha256:%.12s)", o.Path, sum, o.SHA256)
-		}
-	}
-	return ""
-}
-
-func (r *Run) hashOutput(rel string) (string, int64, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return r.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
 // errRecheck makes Begin look at the outputs again: the stage changed
 // between the look outside the lock and the decision under it.
 var errRecheck = errors.New("runstate: stage changed; check again")
@@ -353,7 +304,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		r.stMu.RUnlock()
 		outReason := ""
 		if seen != 0 {
-			outReason = r.checkOutputs(outs)
+			outReason = r.out.check(outs)
 		}
 		var fps map[string]string
 		var attempt int
@@ -421,9 +372,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			continue
 		}
 		if errors.Is(err, ErrDone) {
-			r.mu.Lock()
-			r.skipped++
-			r.mu.Unlock()
+			r.c.mu.Lock()
+			r.c.skipped++
+			r.c.mu.Unlock()
 			r.noticeDone(name, attempt, why)
 		}
 		if err != nil {
@@ -434,367 +385,6 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		}
 		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}, nil
 	}
-}
-
-// Stage is one attempt of a stage, from Begin until Complete, Fail or
-// Await. Its methods are safe for concurrent use; after the attempt ends
-// they return ErrClosed.
-type Stage struct {
-	run     *Run
-	name    string
-	attempt int
-	ev      *evidence
-	fps     map[string]string
-
-	began time.Time // when Begin returned it (for the group commit: stageEnded)
-
-	mu       sync.Mutex
-	outputs  map[string]Output // recorded by WriteFile, hashed
-	declared []string          // recorded by Output, hashed at Complete
-	ended    bool
-
-	plan   []string // declared by Plan (nil: not called)
-	reason string   // why this attempt runs (Reason)
-}
-
-// Name returns the stage's name. Safe for concurrent use, also after the
-// attempt ended.
-func (st *Stage) Name() string { return st.name }
-
-// Attempt returns the attempt number, 1 for the first begin of the stage in
-// the run. Safe for concurrent use, also after the attempt ended.
-func (st *Stage) Attempt() int { return st.attempt }
-
-// Run returns the run the stage belongs to. Safe for concurrent use.
-func (st *Stage) Run() *Run { return st.run }
-
-// rel checks that p names a file inside the run directory and returns it
-// relative to the run directory, with forward slashes.
-func (r *Run) rel(p string) (string, error) {
-	if p == "" {
-		return "", fmt.Errorf("%w: empty output path", ErrInvalid)
-	}
-	if strings.IndexByte(p, 0) >= 0 {
-		return "", fmt.Errorf("%w: output path %q has a NUL byte, which no file system takes in a name", ErrInvalid, p)
-	}
-	if !utf8.ValidString(p) {
-		// The ledger would record it altered (JSON), and a later session
-		// would find the output missing and redo the stage every time.
-		return "", fmt.Errorf("%w: output path %q is not valid UTF-8", ErrInvalid, p)
-	}
-	if filepath.IsAbs(p) {
-		rel, err := filepath.Rel(r.abs, p)
-		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-			return "", fmt.Errorf("%w: output %s is outside the run directory %s", ErrInvalid, p, r.dir)
-		}
-		p = rel
-	}
-	p = filepath.ToSlash(filepath.Clean(p))
-	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
-		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, r.dir)
-	}
-	if ownPath(p) {
-		return "", fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, p)
-	}
-	if c := reservedName(p); c != "" {
-		return "", fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, p, c)
-	}
-	return p, nil
-}
-
-func (st *Stage) check() error {
-	if st.ended {
-		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
-	}
-	return st.run.checkOpen()
-}
-
-// closedOr returns ErrClosed for err when the Run was closed meanwhile (its
-// files are closed: that is why err happened), else err.
-func (st *Stage) closedOr(err error) error {
-	if cerr := st.run.checkOpen(); cerr != nil {
-		return cerr
-	}
-	return err
-}
-
-// WriteFile writes data to path inside the run directory atomically, so a
-// reader never sees half a file (on Linux a new file is written unnamed
-// and then linked in; otherwise, and to replace a file, a temp file in
-// logs/tmp is renamed over it), and records it as an output of this
-// attempt with its SHA-256. The file is not fsync'd:
-// Complete records its hash, and a later Begin redoes the stage if the
-// file did not survive. path is relative to the run directory (or absolute
-// inside it) and may not escape it, even through a symbolic link; it may
-// not name runstate's own files (logs/ and manifest.json, in any letter
-// case or spelling a file system takes for them, or through a symbolic
-// link), a device name Windows reserves (NUL, CON, COM1 ...) or hold a NUL
-// byte (ErrInvalid). A new file gets mode 0o644 less the umask and less
-// the group and other bits the ledger lacks (see the package doc).
-// Nothing is written to the ledger until Complete or Await records the
-// output. Safe for concurrent use; after the attempt ended it returns
-// ErrClosed.
-func (st *Stage) WriteFile(path string, data []byte) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	rel, err := st.run.rel(path)
-	if err != nil {
-		return err
-	}
-	if err := st.run.writeOutput(rel, data); err != nil {
-		return st.closedOr(err)
-	}
-	h := sha256.Sum256(data)
-	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
-	return nil
-}
-
-// writeOutput writes an output through the run's os.Root: a symbolic link
-// that leads out of the run directory is refused.
-func (r *Run) writeOutput(rel string, data []byte) (err error) {
-	name := r.session + "-" + randomHex(8)
-	perm := outputPerm(r.fs)
-	if r.out.write(rel, name, data, perm) {
-		return nil
-	}
-	// os.Root follows a link inside the run: not one to runstate's files.
-	if err := r.checkLanding(rel, false); err != nil {
-		return err
-	}
-	native := filepath.FromSlash(rel)
-	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
-	f, err := r.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-	if err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			r.root.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	err = r.root.Rename(tmp, native)
-	if dir := filepath.Dir(native); err != nil && dir != "." && errors.Is(err, fs.ErrNotExist) {
-		// The directory is made only when it is missing: a checkpoint
-		// spends no system call on one that exists.
-		if err = r.root.MkdirAll(dir, 0o755); err == nil {
-			err = r.root.Rename(tmp, native)
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("runstate: output %s: %w", rel, err)
-	}
-	return nil
-}
-
-// running returns the stage's state when this attempt still runs, and an
-// ErrStale error naming what happened to it otherwise (an operator
-// invalidated it, another session took it over after this one was thought
-// dead).
-func (st *Stage) running(s *state) (*StageStatus, error) {
-	cur := s.stages[st.name]
-	if cur == nil || cur.State != StateRunning || cur.Session != st.run.session || cur.Attempt != st.attempt {
-		state := "gone"
-		if cur != nil {
-			state = fmt.Sprintf("%s (attempt %d)", cur.State, cur.Attempt)
-		}
-		return nil, fmt.Errorf("%w: %s attempt %d is no longer running: it is %s", ErrStale, st.name, st.attempt, state)
-	}
-	return cur, nil
-}
-
-// Output records a file that the stage wrote by other means as one of its
-// outputs. It is hashed when the stage completes (or awaits); it must exist
-// then. Like WriteFile, path must stay inside the run directory. Output
-// writes nothing: the ledger records the output with Complete or Await.
-// Safe for concurrent use; after the attempt ended it returns ErrClosed.
-func (st *Stage) Output(path string) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	rel, err := st.run.rel(path)
-	if err != nil {
-		return err
-	}
-	// Refuse now, not only at Complete, a path that leads out of the run
-	// directory through a symbolic link (the file itself, or a directory
-	// on the way). A file that does not exist yet is checked at Complete.
-	if _, err := st.run.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
-		if cerr := st.run.checkOpen(); cerr != nil {
-			return cerr
-		}
-		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
-	}
-	if err := st.run.checkLanding(rel, true); err != nil {
-		return err
-	}
-	if !slices.Contains(st.declared, rel) {
-		st.declared = append(st.declared, rel)
-	}
-	return nil
-}
-
-// collectOutputs hashes the declared outputs and returns every output in
-// path order.
-func (st *Stage) collectOutputs() ([]Output, error) {
-	outs := maps.Clone(st.outputs)
-	for _, rel := range st.declared {
-		if err := st.run.checkLanding(rel, true); err != nil { // a link made since Output
-			return nil, fmt.Errorf("runstate: stage %s: %w", st.name, err)
-		}
-		sum, size, err := st.run.hashOutput(rel)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("runstate: stage %s: output %s does not exist: write it before Complete, or do not declare it with Output", st.name, rel)
-			}
-			return nil, fmt.Errorf("runstate: stage %s: output %s: %w", st.name, rel, err)
-		}
-		outs[rel] = Output{Path: rel, SHA256: sum, Size: size}
-	}
-	var list []Output
-	for _, k := range slices.Sorted(maps.Keys(outs)) {
-		list = append(list, outs[k])
-	}
-	return list, nil
-}
-
-// Complete ends the attempt successfully: it checks the inputs again,
-// hashes the outputs and appends the complete record. When Complete
-// returns nil the record is in the ledger and durable (fdatasync'd there
-// or in logs/ledger.wal: see the package doc) and logs/next-steps.txt is
-// current. When an input changed while the stage ran, Complete records the
-// stage as invalidated instead and returns ErrStale: run it again.
-// Safe for concurrent use; a second call returns ErrClosed.
-func (st *Stage) Complete() error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	outs, err := st.collectOutputs()
-	if err != nil {
-		return st.closedOr(err)
-	}
-	now, err := st.run.gather(st.ev.list)
-	stale := ""
-	if err != nil {
-		stale = fmt.Sprintf("an input became unreadable while the stage ran: %v", err)
-	} else {
-		stale = staleReason(st.ev.inputs, now.inputs)
-	}
-	var staleErr error
-	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
-		if _, err := st.running(s); err != nil {
-			return nil, err
-		}
-		reason := stale
-		if reason == "" {
-			fps, err := st.ev.fingerprints(s, st.name)
-			if err != nil {
-				reason = err.Error()
-			} else if r := staleReason(st.fps, fps); r != "" {
-				reason = r
-			}
-		}
-		if reason != "" {
-			reason += " while the stage ran"
-			staleErr = fmt.Errorf("%w: %s: %s", ErrStale, st.name, reason)
-			return []*Record{{Ev: evInvalidate, Stage: st.name, Attempt: st.attempt, Reason: reason}}, nil
-		}
-		return append(st.planRecords(s), &Record{Ev: evComplete, Stage: st.name, Attempt: st.attempt, Inputs: st.fps, Outputs: outs}), nil
-	})
-	if err != nil {
-		if errors.Is(err, ErrStale) {
-			st.ended = true
-		}
-		return err
-	}
-	st.ended = true
-	return staleErr
-}
-
-// Fail ends the attempt as failed and records err with its class:
-// Retryable (the default for an unclassified error), NeedsPerson or Fatal.
-// After Options.MaxAttempts retryable failures the stage awaits a person.
-// An unclassified or Retryable err that is a full disk or quota (ENOSPC,
-// EDQUOT) is recorded retryable with that reason and does not count: the
-// stage runs again once there is space, without a person. An error text
-// longer than 64 KiB is recorded cut, with a marker (see the package
-// documentation). When Fail returns nil the record is durable. Fail returns nil for a nil
-// err without ending the attempt. Safe for concurrent use.
-func (st *Stage) Fail(err error) error {
-	if err == nil {
-		return nil
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if cerr := st.check(); cerr != nil {
-		return cerr
-	}
-	class, reason := classOf(err)
-	full := class == ClassRetryable && diskFull(err)
-	max := st.run.opts.MaxAttempts
-	_, cerr := st.run.commitEnd(st, func(s *state) ([]*Record, error) {
-		cur, rerr := st.running(s)
-		if rerr != nil {
-			return nil, rerr
-		}
-		recs := []*Record{{Ev: evFail, Stage: st.name, Attempt: st.attempt, Class: class, Error: err.Error()}}
-		switch {
-		case full:
-			recs[0].Reason = diskFullReason
-		case class == ClassPerson:
-			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class, Reason: reason})
-		case class == ClassRetryable && cur.Failures+1 >= max:
-			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class,
-				Reason: fmt.Sprintf("retries exhausted: %d attempts failed; last error: %s", cur.Failures+1, oneLine(err.Error()))})
-		}
-		return recs, nil
-	})
-	if cerr == nil || errors.Is(cerr, ErrStale) {
-		st.ended = true
-	}
-	return cerr
-}
-
-// Await ends the attempt as waiting for a person's review: the outputs
-// written so far are recorded, and the stage is complete once Approve is
-// called. Await returns an error wrapping ErrNeedsPerson when the await
-// record is durable (see Complete), so that Do and the pipeline stop there; any
-// other error means the await was not acknowledged. Safe for concurrent
-// use; after the attempt ended it returns ErrClosed.
-func (st *Stage) Await(reason string) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	outs, err := st.collectOutputs()
-	if err != nil {
-		return st.closedOr(err)
-	}
-	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
-		if _, err := st.running(s); err != nil {
-			return nil, err
-		}
-		return append(st.planRecords(s), &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}), nil
-	})
-	if err != nil {
-		return err
-	}
-	st.ended = true
-	return fmt.Errorf("%w: %s: %s", ErrNeedsPerson, st.name, reason)
 }
 
 // Skip records that the named stage is not needed, with the reason; it then

@@ -197,6 +197,18 @@ func (s *state) stage(name string) *StageStatus {
 	return st
 }
 
+// replay applies the record of one checked ledger line (without its '\n')
+// to the state: the apply function every reader and writer passes to
+// replay, Tail and Read.
+func (s *state) replay(rec *Record, line []byte) error {
+	s.apply(rec)
+	s.lastLen = int64(len(line) + 1)
+	return nil
+}
+
+// position is the state's place in the ledger, as a Store names it.
+func (s *state) position() Position { return s.pos.position(s.lastLen) }
+
 // apply advances the state by one record. It never fails: the reader has
 // already checked the chain, and a record this version does not know is
 // skipped (forward compatible).

@@ -103,7 +103,7 @@ func TestJournalWrap(t *testing.T) {
 		ffs := faultfs.New()
 		r, err := Open(dir, ringOptions(ffs))
 		require.NoError(t, err)
-		require.Equal(t, int64(walMin-walHeader), r.wal.ring, "the journal's own size is used")
+		require.Equal(t, int64(walMin-walHeader), fileStoreOf(r).wal.ring, "the journal's own size is used")
 		var acked []string
 		for i := 0; i < stop; i++ {
 			stage := fmt.Sprintf("s%03d", i)
@@ -319,7 +319,7 @@ func TestDurableWayMeasured(t *testing.T) {
 			}
 			syncs, ring := c.commitSyncs.Load()-syncs0, c.walSyncs.Load()-ring0
 			t.Logf("%d checkpoints: %d fsyncs, %d of them the journal's; averages: ledger %v, ring %v",
-				n, syncs, ring, r.wal.cost[wayLedger], r.wal.cost[wayRing])
+				n, syncs, ring, fileStoreOf(r).wal.cost[wayLedger], fileStoreOf(r).wal.cost[wayRing])
 			assert.Equal(t, int64(n), syncs, "one fsync a checkpoint")
 			if tc.wantRingMost {
 				assert.GreaterOrEqual(t, ring, int64(n*9/10), "the ring, the faster way here")

@@ -31,10 +31,10 @@ type batch struct {
 	conn  *pgxpool.Conn
 	runID string
 
-	head    Position  // the head row as locked
-	now     time.Time // the database's clock, never before the head's
-	inGrace bool      // the server restarted less than grace ago
-	tail    [][]byte  // lines after from, read under the lock
+	head    runstate.Position // the head row as locked
+	now     time.Time         // the database's clock, never before the head's
+	inGrace bool              // the server started less than grace ago
+	tail    [][]byte          // lines after from, read under the lock
 	// dead: the sessions Alive found gone (their locks this transaction
 	// holds shared): a re-run of the batch must find them gone again.
 	dead []string
@@ -42,7 +42,7 @@ type batch struct {
 	// What Append queued, sent with the COMMIT in one round trip.
 	rows    recordRows
 	outs    outputRows
-	to      Position
+	to      runstate.Position
 	publish *projection
 	synced  bool
 	done    bool
@@ -65,7 +65,7 @@ type outputRows struct {
 }
 
 type projection struct {
-	at                Position
+	at                runstate.Position
 	manifest, handoff []byte
 }
 
@@ -74,7 +74,7 @@ type projection struct {
 // machine), then, as statements of their own so that they run after the
 // wait for the row, the session's self-fence (its own lock must not be
 // takeable), the clock, and the records after from.
-func (s *store) Lock(ctx context.Context, from Position) (Batch, error) {
+func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batch, error) {
 	ses, err := s.session()
 	if err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ func (s *store) Lock(ctx context.Context, from Position) (Batch, error) {
 	return b, nil
 }
 
-func (b *batch) begin(ctx context.Context, from Position) error {
+func (b *batch) begin(ctx context.Context, from runstate.Position) error {
 	db := b.s.db
 	var pb pgx.Batch
 	pb.Queue("BEGIN")
@@ -159,13 +159,13 @@ func (b *batch) begin(ctx context.Context, from Position) error {
 	switch {
 	case b.head.Seq < from.Seq:
 		return fmt.Errorf("%w: run %s: the database's last record is %d, but this session read up to %d: records it saw are gone (a server crash lost unflushed records, or a restore from backup); open the run again",
-			ErrSessionLost, b.s.name, b.head.Seq, from.Seq)
+			runstate.ErrSessionLost, b.s.name, b.head.Seq, from.Seq)
 	case b.head.Seq != from.Seq+int64(len(b.tail)):
 		return fmt.Errorf("pgstore: run %s: %s.runs names record %d as the last, but the records end at %d (edited by hand?); run 'runstate verify'",
 			b.s.name, db.schema, b.head.Seq, from.Seq+int64(len(b.tail)))
 	case len(b.tail) == 0 && b.head.Hash != from.Hash && from.Seq > 0:
 		return fmt.Errorf("%w: run %s: record %d's hash in the database is not the one this session read; open the run again",
-			ErrSessionLost, b.s.name, from.Seq)
+			runstate.ErrSessionLost, b.s.name, from.Seq)
 	}
 	return nil
 }
@@ -192,16 +192,27 @@ func (b *batch) Alive(session string) bool {
 	if session == "" {
 		return false
 	}
-	if session == b.ses.id || b.inGrace {
+	if session == b.ses.id {
 		return true
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return false // not a session this store can hold
 	}
-	var free bool
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := b.conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock_shared($1)", lockKey(session)).Scan(&free); err != nil {
+	q := "SELECT pg_try_advisory_xact_lock_shared($1)"
+	if b.inGrace {
+		// Only a session that held its lock before the restart may be
+		// reconnecting; one opened since was proven gone by its lock.
+		q = b.s.db.sql(`SELECT CASE WHEN EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $2 AND opened < pg_postmaster_start_time())
+			THEN false ELSE pg_try_advisory_xact_lock_shared($1) END`)
+	}
+	var free bool
+	args := []any{lockKey(session)}
+	if b.inGrace {
+		args = append(args, session)
+	}
+	if err := b.conn.QueryRow(ctx, q, args...).Scan(&free); err != nil {
 		return true
 	}
 	if free {
@@ -212,7 +223,7 @@ func (b *batch) Alive(session string) bool {
 
 // Append queues the batch's records (and their outputs) for the COMMIT
 // round trip; to is the position after them.
-func (b *batch) Append(recs []*runstate.Record, lines []byte, to Position) error {
+func (b *batch) Append(recs []*runstate.Record, lines []byte, to runstate.Position) error {
 	if b.done {
 		return errors.New("pgstore: Append after the batch ended")
 	}
@@ -292,7 +303,7 @@ func (b *batch) Sync(ctx context.Context) error {
 
 // Publish stores the projections (newest seq wins), in the batch's
 // transaction when it has not committed yet, else at Unlock.
-func (b *batch) Publish(at Position, manifest, handoff []byte) {
+func (b *batch) Publish(at runstate.Position, manifest, handoff []byte) {
 	b.publish = &projection{at: at, manifest: manifest, handoff: handoff}
 }
 
@@ -437,7 +448,13 @@ func (b *batch) appendError(err error) error {
 		switch pe.Code {
 		case "22012":
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
-		case "23505", "23503":
+		case "23503":
+			if pe.ConstraintName == "outputs_sha256_fkey" {
+				return fmt.Errorf("pgstore: run %s: a record names an output whose bytes are not in %s.blobs (%s): store them first (Blobs.Put); nothing was recorded",
+					b.s.name, b.s.db.schema, pe.Detail)
+			}
+			fallthrough
+		case "23505":
 			return fmt.Errorf("pgstore: run %s: the append broke %s (%s): a bug, nothing was recorded; run 'runstate verify'", b.s.name, pe.ConstraintName, pe.Message)
 		}
 	}

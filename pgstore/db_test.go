@@ -18,8 +18,8 @@ func testDSN(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv("RUNSTATE_PG_DSN")
 	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("RUNSTATE_PG_DSN is not set under CI=true: .ci/run starts the server and sets it")
+		if os.Getenv("CI") != "" {
+			t.Fatal("RUNSTATE_PG_DSN is not set and CI is: .ci/run starts the server and sets it")
 		}
 		t.Skip("RUNSTATE_PG_DSN is not set: run pgstore/testdb.sh go test ./... to start a throwaway server")
 	}

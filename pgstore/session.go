@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
 )
 
 // Liveness timing (DESIGN-pg.md §5): the lock connection is pinged every
@@ -41,7 +42,7 @@ type session struct {
 
 	mu     sync.Mutex
 	conn   *pgx.Conn // nil while reconnecting
-	lost   error     // sticky: wraps ErrSessionLost
+	lost   error     // sticky: wraps runstate.ErrSessionLost
 	lastOK time.Time
 	// held is closed and replaced when the lock is re-held or lost, for
 	// batches that wait for either (waitHeld).
@@ -235,7 +236,7 @@ func (s *session) lose(cause error) {
 		return
 	}
 	s.lost = fmt.Errorf("%w: session %s lost its lock on %s: %v; this Run is read-only: open the run again",
-		ErrSessionLost, s.id, s.db.where, cause)
+		runstate.ErrSessionLost, s.id, s.db.where, cause)
 	if s.conn != nil {
 		// Free the lock now; the pinger or close ends the connection (a
 		// pgx.Conn is not safe for concurrent use, its socket is).
@@ -275,7 +276,7 @@ func (s *session) fenced() error {
 	defer s.mu.Unlock()
 	if s.lost == nil && s.conn != nil && time.Since(s.lastOK) < lostAfter {
 		// The pinger will find out; until then this batch is refused.
-		return fmt.Errorf("%w: session %s: its lock on %s is not held (reconnecting); nothing was recorded", ErrSessionLost, s.id, s.db.where)
+		return fmt.Errorf("%w: session %s: its lock on %s is not held (reconnecting); nothing was recorded", runstate.ErrSessionLost, s.id, s.db.where)
 	}
 	s.lose(errors.New("a batch found the lock free"))
 	return s.lost
@@ -291,7 +292,7 @@ func (s *session) close(clean bool) {
 	conn := s.conn
 	s.conn = nil
 	if s.lost == nil {
-		s.lost = fmt.Errorf("%w: session %s is closed", ErrSessionLost, s.id)
+		s.lost = fmt.Errorf("%w: session %s is closed", runstate.ErrSessionLost, s.id)
 	}
 	s.mu.Unlock()
 	if conn == nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
 )
 
 // store is one run's records in the database: the runstate.Store that
@@ -28,40 +29,40 @@ type store struct {
 // runstate.OpenStore and the store-generic readers (and the conformance
 // suite). Nothing is read or written until it is used. It is safe for
 // concurrent use; one store serves one session (OpenStore opens it once).
-func (db *DB) Store(run string) Store {
+func (db *DB) Store(run string) runstate.Store {
 	return &store{db: db, name: run, blobs: &blobStore{db: db}}
 }
 
 // Open creates the run's row when it is missing (exactly one creator among
 // racing sessions: INSERT ... ON CONFLICT DO NOTHING), takes the session's
 // lock and returns the newest projection that still matches the records.
-func (s *store) Open(ctx context.Context, session string) ([]byte, Position, error) {
+func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Position, error) {
 	if s.name == "" {
-		return nil, Position{}, errors.New("pgstore: Open needs a run name")
+		return nil, runstate.Position{}, errors.New("pgstore: Open needs a run name")
 	}
 	if _, err := uuid.Parse(session); err != nil {
-		return nil, Position{}, fmt.Errorf("pgstore: session id %q is not a UUID", session)
+		return nil, runstate.Position{}, fmt.Errorf("pgstore: session id %q is not a UUID", session)
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
-		return nil, Position{}, err
+		return nil, runstate.Position{}, err
 	}
 	if _, err := s.db.pool.Exec(ctx, s.db.sql(`INSERT INTO {s}.runs (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`),
 		id.String(), s.name); err != nil {
-		return nil, Position{}, s.db.rightsError("create run "+s.name, err)
+		return nil, runstate.Position{}, s.db.rightsError("create run "+s.name, err)
 	}
 	runID, err := s.id(ctx)
 	if err != nil {
-		return nil, Position{}, err
+		return nil, runstate.Position{}, err
 	}
 	ses, err := s.db.hold(ctx, runID, session)
 	if err != nil {
-		return nil, Position{}, err
+		return nil, runstate.Position{}, err
 	}
 	snap, at, err := s.snapshot(ctx, runID)
 	if err != nil {
 		ses.close(true)
-		return nil, Position{}, err
+		return nil, runstate.Position{}, err
 	}
 	ses.since = at.Seq
 	s.mu.Lock()
@@ -94,19 +95,19 @@ var errNoRun = errors.New("pgstore: no such run")
 
 // snapshot reads the projection whose record is still in the records
 // table with the same hash.
-func (s *store) snapshot(ctx context.Context, runID string) ([]byte, Position, error) {
+func (s *store) snapshot(ctx context.Context, runID string) ([]byte, runstate.Position, error) {
 	var snap, hash []byte
-	var at Position
+	var at runstate.Position
 	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT p.manifest, p.seq, p.hash, p."end", p.last_len, p.crc FROM {s}.projections p
 		JOIN {s}.records r ON r.run_id = p.run_id AND r.seq = p.seq AND r.hash = p.hash WHERE p.run_id = $1`), runID).
 		Scan(&snap, &at.Seq, &hash, &at.End, &at.LastLen, &at.CRC)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, Position{}, nil
+		return nil, runstate.Position{}, nil
 	} else if err != nil {
-		return nil, Position{}, s.db.rightsError("read the projection of run "+s.name, err)
+		return nil, runstate.Position{}, s.db.rightsError("read the projection of run "+s.name, err)
 	}
 	if len(snap) == 0 {
-		return nil, Position{}, nil
+		return nil, runstate.Position{}, nil
 	}
 	at.Hash = hex.EncodeToString(hash)
 	return snap, at, nil
@@ -114,7 +115,7 @@ func (s *store) snapshot(ctx context.Context, runID string) ([]byte, Position, e
 
 // Read calls fn with each record's line after from, in order, from one
 // snapshot of the table, without any lock. fn must not keep line.
-func (s *store) Read(ctx context.Context, from Position, fn func(line []byte) error) (int64, error) {
+func (s *store) Read(ctx context.Context, from runstate.Position, fn func(line []byte) error) (int64, error) {
 	runID, err := s.id(ctx)
 	if err != nil {
 		return 0, err
@@ -146,17 +147,19 @@ func (s *store) Read(ctx context.Context, from Position, fn func(line []byte) er
 }
 
 // Live reports, for each session, whether its lock is held, from pg_locks:
-// no lock is taken. Within the restart grace every session is alive.
+// no lock is taken. Within the restart grace a session that opened before
+// the restart is alive (it may be reconnecting).
 func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
 	keys := make([]int64, len(sessions))
 	for i, id := range sessions {
 		keys[i] = lockKey(id)
 	}
-	rows, err := s.db.pool.Query(ctx, `SELECT k, (now() - pg_postmaster_start_time() < $2::interval) OR EXISTS (
+	rows, err := s.db.pool.Query(ctx, s.db.sql(`SELECT k, (now() - pg_postmaster_start_time() < $3::interval
+		AND EXISTS (SELECT 1 FROM {s}.sessions WHERE id::text = u.id AND opened < pg_postmaster_start_time())) OR EXISTS (
 		SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid AND l.objsubid = 1)
-		FROM unnest($1::bigint[]) k`, keys, grace)
+		FROM unnest($1::bigint[], $2::text[]) u(k, id)`), keys, sessions, grace)
 	if err != nil {
 		return nil, s.db.connectError(err)
 	}
@@ -180,7 +183,7 @@ func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, e
 }
 
 // Blobs returns the run's output store: the database's blobs tables.
-func (s *store) Blobs() Blobs { return s.blobs }
+func (s *store) Blobs() runstate.Blobs { return s.blobs }
 
 // Close ends the session: clean, its lock released and its row removed;
 // otherwise as a killed process would. Close is idempotent.

@@ -26,11 +26,12 @@ func newSession(t *testing.T) string {
 
 // appendLines appends n fake records in one batch from pos and returns
 // the position after them.
-func appendLines(t *testing.T, st Store, from Position, session string, n int, sync bool) Position {
+func appendLines(t *testing.T, st runstate.Store, from runstate.Position, session string, n int, sync bool) runstate.Position {
 	t.Helper()
 	ctx := context.Background()
 	b, err := st.Lock(ctx, from)
 	require.NoError(t, err)
+	defer b.Abort() // a no-op after Unlock
 	pos := from
 	require.NoError(t, b.Tail(func(line []byte) error {
 		pos.Seq++
@@ -46,7 +47,7 @@ func appendLines(t *testing.T, st Store, from Position, session string, n int, s
 		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"plan","session":%q,"prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, pos.Hash)
 		recs = append(recs, rec)
 		lines.WriteString(line + "\n")
-		pos = Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+		pos = runstate.Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 	}
 	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
 	if sync {
@@ -61,9 +62,9 @@ func lineHash(line []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-func readAll(t *testing.T, st Store) [][]byte {
+func readAll(t *testing.T, st runstate.Store) [][]byte {
 	var lines [][]byte
-	_, err := st.Read(context.Background(), Position{}, func(line []byte) error {
+	_, err := st.Read(context.Background(), runstate.Position{}, func(line []byte) error {
 		lines = append(lines, bytes.Clone(line))
 		return nil
 	})
@@ -79,14 +80,14 @@ func TestStoreAppendsGaplessAndCatchesUp(t *testing.T) {
 	_, at, err := a.Open(ctx, sa)
 	require.NoError(t, err)
 	defer a.Close(true)
-	assert.Equal(t, Position{}, at)
+	assert.Equal(t, runstate.Position{}, at)
 	_, _, err = b.Open(ctx, sb)
 	require.NoError(t, err)
 	defer b.Close(true)
 
-	pa := appendLines(t, a, Position{}, sa, 3, true)
+	pa := appendLines(t, a, runstate.Position{}, sa, 3, true)
 	// b is behind: its batch first catches up with a's three records.
-	pb := appendLines(t, b, Position{}, sb, 2, false)
+	pb := appendLines(t, b, runstate.Position{}, sb, 2, false)
 	assert.Equal(t, int64(5), pb.Seq)
 	pa = appendLines(t, a, pa, sa, 1, true)
 	assert.Equal(t, int64(6), pa.Seq)
@@ -106,7 +107,7 @@ func TestStoreAliveUntilSessionDies(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close(true)
 	alive := func() bool {
-		bt, err := b.Lock(ctx, Position{})
+		bt, err := b.Lock(ctx, runstate.Position{})
 		require.NoError(t, err)
 		defer bt.Abort()
 		return bt.Alive(sa)
@@ -138,7 +139,7 @@ func TestStoreFencesSessionThatLostItsLock(t *testing.T) {
 	_, _, err := a.Open(ctx, sa)
 	require.NoError(t, err)
 	defer a.Close(true)
-	pos := appendLines(t, a, Position{}, sa, 1, true)
+	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
 	_, err = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
 		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, lockKey(sa))
 	require.NoError(t, err)
@@ -149,7 +150,7 @@ func TestStoreFencesSessionThatLostItsLock(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.ErrorIs(t, lockErr, ErrSessionLost)
+	require.ErrorIs(t, lockErr, runstate.ErrSessionLost)
 	assert.Len(t, readAll(t, a), 1)
 }
 

@@ -233,7 +233,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		if err := keepsAcknowledged(fsys, dir, lp, o, at); err != nil {
 			return nil, err
 		}
-		if live := liveSessions(dir); len(live) > 0 {
+		if live := newDirStore(dir, Options{}).liveSessions(); len(live) > 0 {
 			return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before cutting acknowledged records",
 				ErrBusy, strings.Join(live, ", "), dir)
 		}
@@ -265,11 +265,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		return nil, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	st := newState()
-	torn, err := replay(io.NewSectionReader(f, 0, fi.Size()), lp, &st.pos, func(rec *Record, line []byte) error {
-		st.apply(rec)
-		st.lastLen = int64(len(line) + 1)
-		return nil
-	})
+	torn, err := replay(io.NewSectionReader(f, 0, fi.Size()), lp, &st.pos, st.replay)
 	if err != nil {
 		return nil, err
 	}
@@ -350,20 +346,6 @@ func countLines(r io.Reader) (int, error) {
 			return 0, err
 		}
 	}
-}
-
-// liveSessions lists the sessions whose lock file in logs/sessions is
-// held: processes that have the run open. The caller holds the ledger lock.
-func liveSessions(dir string) []string {
-	r := &Run{dir: dir, abs: dir}
-	ents, _ := os.ReadDir(r.path(sessionsDir))
-	var live []string
-	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok && r.alive(id) {
-			live = append(live, id)
-		}
-	}
-	return live
 }
 
 // keepsAcknowledged refuses a TruncateAt cut at byte at that would drop

@@ -1,0 +1,121 @@
+package pgstore
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+
+	"github.com/runstate/runstate"
+)
+
+// Open creates the run named run, or resumes it, and starts a session on
+// it: a *runstate.Run whose methods (Plan, Do, Begin, Effect, Approve …)
+// behave as on a run directory, with the records in the database and the
+// outputs in workDir, this machine's working directory (created when
+// missing), their bytes also in the database so that a stage on another
+// machine that depends on them (After) finds them. When Open returns, the
+// session's open record (for a new run, the create record too) is
+// committed, the create record durably. Open is safe for concurrent use:
+// any number of goroutines, processes and machines may open one run at
+// once; exactly one creates it and the others resume it, each as its own
+// session.
+//
+// Open fails with runstate.ErrMismatch when the run serves another
+// Request, as Open does for a directory.
+func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Options) (*runstate.Run, error) {
+	if run == "" {
+		return nil, fmt.Errorf("%w: pgstore: Open needs a run name", runstate.ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r, err := runstate.OpenStore(db.Store(run), workDir, opts)
+	if err != nil {
+		if errors.Is(err, runstate.ErrMismatch) {
+			return nil, fmt.Errorf("%w (run %q in schema %s: use another run name for other work)", err, run, db.schema)
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// Inspect returns the status of the run named run as its records stand,
+// read without a session or a lock (like runstate.Inspect): a running
+// stage whose session's lock is free shows as interrupted. It writes
+// nothing and is safe for concurrent use, also while sessions append.
+func (db *DB) Inspect(ctx context.Context, run string) (*runstate.Status, error) {
+	return runstate.InspectStore(ctx, db.reader(run))
+}
+
+// NextSteps returns the run's handoff text, rendered from its records as
+// they stand; its commands name the run by its address (Address). It
+// writes nothing and is safe for concurrent use.
+func (db *DB) NextSteps(ctx context.Context, run string) (string, error) {
+	return runstate.NextStepsStore(ctx, db.reader(run), db.Address(run))
+}
+
+// ReadLedger calls fn with each record of the run, in order, the whole
+// hash chain checked as it goes (like runstate.ReadLedger). It reads one
+// snapshot of the records, takes no lock and is safe for concurrent use.
+func (db *DB) ReadLedger(ctx context.Context, run string, fn func(*runstate.Record) error) error {
+	return runstate.ReadStore(ctx, db.reader(run), fn)
+}
+
+// Export writes the run's records to w as a logs/ledger.jsonl: the exact
+// lines, each with its '\n', in seq order, from one snapshot (so
+// runstate.Verify and the runstate command read the file as they read a
+// run directory's ledger). It takes no lock; safe for concurrent use.
+func (db *DB) Export(ctx context.Context, run string, w io.Writer) error {
+	bw := bufio.NewWriterSize(w, 1<<16)
+	_, err := db.reader(run).Read(ctx, runstate.Position{}, func(line []byte) error {
+		if _, err := bw.Write(line); err != nil {
+			return err
+		}
+		return bw.WriteByte('\n')
+	})
+	if err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// Verify checks the whole run (like runstate.Verify): every record's seq,
+// hash chain and crc; that the run's head row names the last record; that
+// every output's bytes are in the database, whole. It takes no lock and
+// writes nothing; safe for concurrent use. The error is non-nil only when
+// the records cannot be read; what is wrong is in Report.Problems.
+func (db *DB) Verify(ctx context.Context, run string) (*runstate.Report, error) {
+	rep, err := runstate.VerifyStore(ctx, db.reader(run), "")
+	if rep != nil {
+		rep.Dir = db.Address(run)
+	}
+	return rep, err
+}
+
+// Address is the run's address for the runstate command, without the
+// password: postgres://USER@HOST:PORT/DATABASE?schema=S&run=NAME.
+func (db *DB) Address(run string) string {
+	c := db.lockCfg
+	u := url.URL{Scheme: "postgres", User: url.User(c.User), Host: hostPort(c.Host, c.Port), Path: "/" + c.Database}
+	q := url.Values{}
+	if db.schema != DefaultSchema {
+		q.Set("schema", db.schema)
+	}
+	q.Set("run", run)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func hostPort(host string, port uint16) string {
+	if len(host) > 0 && host[0] == '/' { // a Unix socket directory
+		return ""
+	}
+	return host + ":" + strconv.Itoa(int(port))
+}
+
+// reader is the store of run for reading only.
+func (db *DB) reader(run string) *store { return db.Store(run).(*store) }

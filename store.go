@@ -1,0 +1,241 @@
+package runstate
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// A Run is three things: the state (the projection every decision is made
+// on, rebuilt from records), the committer (it decides records on the state
+// under the run's lock, batches them, makes them durable and publishes the
+// projections) and a Store, where the records live. Stages and effects talk
+// only to the committer; only a Store touches storage.
+//
+// Store is that seam, in the manner of hashicorp/raft's LogStore: this
+// package defines it and writes down what an implementation must guarantee;
+// implementations may live in other modules (pgstore keeps a run in
+// PostgreSQL). The file store (Open, NewFileStore) keeps a run directory:
+// logs/ledger.jsonl and its journal, lock files, snapshots. Records cross
+// the seam as ledger lines, the exact bytes that the file store writes (one
+// JSON object each, with its hash chain): a store keeps them as they are,
+// and the Run checks every line it reads (seq, chain, crc) itself.
+//
+// The words "must" below are the contract a second implementation is
+// written against; runstatetest/storetest checks them on any store.
+//
+// Departures from the sketch in DESIGN.md §6 / DESIGN-pg.md §9: Read
+// returns the size of a torn last line, not its offset (the offset is
+// where the last line passed ends; the size is what Status.Torn and
+// Verify report); Position carries CRC (the chain check needs it to
+// resume from a snapshot); Store has String (errors name where the
+// records live); TryLocker is an optional extra (the committer's
+// lock-or-hand-off, lead/leadLater, needs a lock attempt that does not
+// wait).
+
+// Position names the last record a Run (or a reader) has seen: the chain's
+// head. The zero Position is before the first record.
+type Position struct {
+	// Seq is the last record's seq (records are numbered 1, 2, … without
+	// a gap); 0 before the first.
+	Seq int64
+	// Hash is the chain hash of the last record's line (hex SHA-256 of
+	// the line without its '\n'); "" before the first.
+	Hash string
+	// End is the length of all lines up to and including the last, each
+	// with its '\n': in the file store the ledger's byte offset past the
+	// record. Every store counts it the same way, so a Position is the
+	// same whichever store holds the records.
+	End int64
+	// LastLen is the length of the last record's line with its '\n'.
+	LastLen int64
+	// CRC reports that the last record's line has a crc field: the line
+	// after it must have one too. Every line this package writes has one;
+	// only ledgers written before format 1's crc field lack it.
+	CRC bool
+}
+
+// Store keeps the records of one run, and the liveness of the sessions
+// working on it. A Run calls its methods from one goroutine at a time,
+// except Read and Live, which may run concurrently with everything (also
+// from other processes, on a Store that no session has opened). A Store
+// value serves one Run: OpenStore calls Open once and Close once.
+type Store interface {
+	// Open attaches the session (a UUIDv7 the Run made) to the run. It
+	// creates the run's storage when it is missing (an empty run: the
+	// Run appends the create record; among racing creators exactly one
+	// create record must land, which Lock's exclusion and Tail ensure),
+	// recovers what a crash left before anything reads (a torn tail is
+	// cut and kept aside, records that only a journal holds are copied
+	// back), and takes the session's liveness: a lease that ends with
+	// the process (a lock the kernel drops, a database connection's
+	// advisory lock), so that Batch.Alive and Live can prove the session
+	// gone once it died. It returns the newest snapshot still consistent
+	// with the records (manifest.json's bytes as Batch.Publish was given
+	// them; nil: replay everything) and the Position it reflects. The
+	// returned Position must name a record the store holds, with the
+	// same hash.
+	Open(ctx context.Context, session string) (snapshot []byte, at Position, err error)
+
+	// Lock takes the run's writer lock for one batch: exclusive among
+	// all sessions of the run, in every process on every machine that
+	// can reach the store, until the Batch's Unlock or Abort. from is the
+	// caller's Position; the Batch's Tail yields what others appended
+	// after it. Lock waits as long as ctx allows; when ctx ends first it
+	// returns an error wrapping ctx's error (ErrLockTimeout for a
+	// deadline) that names the holder where it can, and holds nothing.
+	// When the session's liveness is gone (a lease lost) it returns an
+	// error wrapping ErrSessionLost: the Run turns read-only, since
+	// another session may already have taken this one's stages over.
+	Lock(ctx context.Context, from Position) (Batch, error)
+
+	// Read calls fn for each line after from, in order, without the
+	// '\n', up to the last complete line; it takes no lock and writes
+	// nothing. The lines are a consistent prefix of the run's records:
+	// never a line that a later reader will not see at the same place,
+	// never a gap. A torn last line (a writer died mid-append, or is
+	// still writing) is not passed to fn: Read returns its size in bytes
+	// in torn (0: none); it starts where the last line passed ends. A
+	// store that cannot tear a line returns 0. fn's slice is valid
+	// only during the call; an error from fn stops the read and is
+	// returned as it is. Read must work on a Store that no session has
+	// opened (Inspect, ReadLedger, Verify use it), and be safe for
+	// concurrent use.
+	Read(ctx context.Context, from Position, fn func(line []byte) error) (torn int64, err error)
+
+	// Live reports which of sessions may still be running, by the rule
+	// of Batch.Alive; it writes nothing and needs no lock (a status
+	// command's probe). Safe for concurrent use.
+	Live(ctx context.Context, sessions []string) (map[string]bool, error)
+
+	// Blobs returns where the store keeps outputs' bytes, content
+	// addressed, so that a run's outputs can follow it to another
+	// machine; nil means outputs live in the Run's local directory only
+	// (the file store).
+	Blobs() Blobs
+
+	// Close ends the session. With clean (a close record was made
+	// durable) it releases the lease so that the session reads as closed,
+	// and every handle; without, it releases what a killed process's exit
+	// would release and nothing more (tests: runstatetest's Crash), so
+	// that the next session finds this one gone. Lines appended but not
+	// made durable may be lost then, as in a crash. Close is called once,
+	// with no Batch open.
+	Close(clean bool) error
+
+	// String names where the records live, for errors and messages: a
+	// file path, a database and table with the run's id.
+	String() string
+}
+
+// Batch is the run's writer lock, held for one append batch (Store.Lock).
+// Its methods are called by one goroutine, in the order Tail, then any of
+// Now/Alive/Append, then Sync (when the batch acknowledges something),
+// Publish, and finally Unlock or Abort. Every method but Unlock and Abort
+// may be skipped.
+type Batch interface {
+	// Tail calls fn for each line that other sessions appended after the
+	// Position given to Lock, in order, without the '\n' (the Run checks
+	// and applies them). A torn tail after them is cut (and kept aside
+	// where the store can) before Tail returns. fn's slice is valid only
+	// during the call.
+	Tail(fn func(line []byte) error) error
+
+	// Now is the time to stamp this batch's records with: the store's
+	// clock where sessions on several machines share it (a database's
+	// now()), else the local clock, in UTC.
+	Now() time.Time
+
+	// Alive reports whether session may still be running, and so may
+	// hold a stage or an effect: a running stage of a session that is not
+	// alive is begun again, an intent is checked. "Not alive" needs proof,
+	// because being wrong runs a stage twice and sends an effect twice:
+	// the session's lease was released by its death (a lock the kernel
+	// dropped, a connection the server ended) or by a clean Close. When
+	// the store cannot tell, the answer is true (the safe side). The
+	// answer holds while the lock is held: a session proven gone cannot
+	// come back. Alive("") is false.
+	Alive(session string) bool
+
+	// Append adds whole lines (each with its '\n') after the run's last
+	// record. recs are the same records, decoded (a database may keep
+	// them in columns besides the line); to is the Position after the
+	// last of them. Lines become visible to Read and to other sessions'
+	// Tail all at once or not at all: immediately for a SideWriter (the
+	// file store), at Unlock or Sync otherwise. On an error none of
+	// lines may remain: a store that cannot undo a partial append returns
+	// a *WriteError with Sticky set, and the Run turns read-only. Append
+	// may be called more than once in a batch.
+	Append(recs []*Record, lines []byte, to Position) error
+
+	// Sync makes every line appended in this batch, and every line
+	// appended before it, durable: after it returns they survive a crash
+	// of the process, of the machine and (for a database) of the server.
+	// A failure is never retried (after a failed fsync the kernel may
+	// have dropped the pages and cleared the error): the Run turns
+	// read-only and its callers are told the records may be lost.
+	// ErrSessionLost means the session's lease ended before the records
+	// became durable. ctx bounds a store that waits on a network.
+	Sync(ctx context.Context) error
+
+	// Publish replaces the projections that readers without the store
+	// read: manifest (manifest.json, the snapshot Open returns) and
+	// handoff (logs/next-steps.txt); a nil one is left as it is. at is
+	// the Position they reflect. Best effort: a failure is the store's
+	// to log, never the Run's; the newest at wins; nothing needs them
+	// for correctness.
+	Publish(at Position, manifest, handoff []byte)
+
+	// Unlock releases the lock. Lines appended and not made durable stay
+	// appended (a begin record needs no fsync: the stage's end makes it
+	// durable); the next Sync of any session, or a clean Close, makes
+	// them durable. An error means the lock state is unknown: the Run
+	// turns read-only.
+	Unlock() error
+
+	// Abort drops what Append wrote in this batch and has not been made
+	// durable, and releases the lock.
+	Abort() error
+}
+
+// TryLocker is a Store that can take the writer lock without waiting. The
+// committer tries it first: when another session holds the lock, it hands
+// the batch to a goroutine that waits (Lock), so that no caller waits
+// longer than its own context allows. Without it every batch goes through
+// that goroutine (a hand-off per batch, which a store behind a network
+// does not notice).
+type TryLocker interface {
+	// TryLock is Lock without a wait: ok is false, with a nil Batch and
+	// error, when another session holds the lock.
+	TryLock(from Position) (b Batch, ok bool, err error)
+}
+
+// SideWriter is a Batch whose Append makes lines visible at once, and which
+// accepts more lines while a Sync is under way: the committer then writes
+// begin records (which need no fsync) during another batch's fsync instead
+// of making them wait for it, and lets calls whose records need no fsync
+// return before the batch's Sync. Only the file store is one.
+type SideWriter interface {
+	// AppendWhileSyncing is Append, called by another goroutine while
+	// Sync runs; the lines follow every line appended before.
+	AppendWhileSyncing(recs []*Record, lines []byte, to Position) error
+}
+
+// Blobs keeps outputs' bytes by their hex SHA-256, for a store that spans
+// machines (Store.Blobs). Its methods are safe for concurrent use.
+type Blobs interface {
+	// Missing returns those of sha256s that the store does not hold.
+	Missing(ctx context.Context, sha256s []string) ([]string, error)
+	// Put stores size bytes read from r under sha256, durably when it
+	// returns; the store checks the hash. Idempotent.
+	Put(ctx context.Context, sha256 string, size int64, r io.Reader) error
+	// Get returns the bytes stored under sha256 (an error wrapping
+	// fs.ErrNotExist when there are none).
+	Get(ctx context.Context, sha256 string) (io.ReadCloser, error)
+}
+
+// Verifier is a Store with checks of its own (a database's constraints,
+// its blob table): VerifyStore adds their problems to its report.
+type Verifier interface {
+	VerifyStore(ctx context.Context) ([]Problem, error)
+}

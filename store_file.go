@@ -1,0 +1,434 @@
+package runstate
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/gofrs/flock"
+)
+
+// The file store: a run directory (the package doc lists its files). It is
+// the only code that knows the ledger's files, logs/ledger.wal, the lock
+// files and the torn-tail files. Its files:
+//
+//	store_file.go          dirStore: Open (recovery), Lock, Read, Live, Close
+//	store_file_batch.go    dirBatch: catch-up and torn tail, append, fsync, projections
+//	store_file_session.go  session lock files: liveness and its proof, stale files
+//	store_file_handoff.go  logs/next-steps.txt published through hard links
+//	wal.go                 logs/ledger.wal: the journal ring, its way-picking and recovery
+//	lockwait.go            waiting for logs/ledger.lock, naming its holder
+//	filecheck*.go          the ledger and the journal are still the files opened
+//	newrun.go              never creating a run over a lost one
+//	pathguard*.go          runstate's own files are what they should be
+//	fs.go                  the file system seam (fault injection in tests)
+//	lock_*.go, lockinfo_*.go, sync_*.go: what differs by platform
+
+// Paths inside a run directory.
+const (
+	ledgerFile  = "logs/ledger.jsonl"
+	lockFile    = "logs/ledger.lock"
+	sessionsDir = "logs/sessions"
+)
+
+// dirStore is the file store of one run directory, serving one Run. Its
+// fields are used by the Run's leader under the ledger lock, except where
+// a comment says otherwise.
+type dirStore struct {
+	dir  string // as given, for messages
+	abs  string // dir made absolute once: every file is found through it
+	opts Options
+	fs   fileSystem
+	log  *slog.Logger
+
+	session string
+	host    string
+	dirFD   *os.File // the run directory, for lookups relative to it (filecheck)
+
+	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
+	ids     fileIDs      // which files the ledger and the journal are (filecheck.go)
+	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
+	ledger  file         // logs/ledger.jsonl, opened for append and read
+	wal     journal      // logs/ledger.wal: see wal.go
+
+	// opened is the state Open read (loadState), handed to the Run once
+	// so that it does not read the ledger again (openedState).
+	opened *state
+	// holdLater: a new run takes its session lock once its create record
+	// is written (first batch): a creator killed before that leaves no
+	// file that refuseReplace would take for a run's. cleaned: the first
+	// batch removed the files of sessions found gone (cleanStale).
+	holdLater bool
+	cleaned   bool
+
+	// The Run's view of its sessions, for liveness and lock messages
+	// (attach): info looks a session up in the state (the caller holds
+	// the Run's state lock); open lists the open sessions when the state
+	// is free. warnedMissing: sessions whose missing lock file alive has
+	// logged.
+	info          func(id string) *SessionStatus
+	openSessions  func() []*SessionStatus
+	warnedMissing map[string]bool
+
+	handoff handoffFiles // logs/next-steps.txt's publication (store_file_handoff.go)
+
+	batch dirBatch // the one batch under way (one at a time)
+}
+
+// NewFileStore returns the file store for the run directory dir: the Store
+// that Open uses, for OpenStore and the store-generic readers
+// (runstatetest/storetest runs on it). Options' NoSync, Logger and
+// LockTimeout apply to it; nil means the defaults. It touches no file
+// until a method is called; it serves one Run.
+func NewFileStore(dir string, opts *Options) Store {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	return newDirStore(dir, o)
+}
+
+func newDirStore(dir string, o Options) *dirStore {
+	s := &dirStore{dir: dir, opts: o, fs: o.fs, log: o.Logger}
+	if s.fs == nil {
+		s.fs = osFS{}
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.abs, _ = filepath.Abs(dir)
+	if s.abs == "" {
+		s.abs = dir
+	}
+	s.batch.s = s
+	return s
+}
+
+// path returns the file rel of the run, through the absolute run directory
+// (a later os.Chdir changes nothing).
+func (s *dirStore) path(rel string) string { return filepath.Join(s.abs, filepath.FromSlash(rel)) }
+
+func (s *dirStore) String() string { return filepath.Join(s.dir, filepath.FromSlash(ledgerFile)) }
+
+func (s *dirStore) Blobs() Blobs { return nil }
+
+// attach gives the store the Run's view of its sessions (see dirStore.info).
+func (s *dirStore) attach(info func(string) *SessionStatus, open func() []*SessionStatus) {
+	s.info, s.openSessions = info, open
+}
+
+// openedState hands the state Open read to the Run, once.
+func (s *dirStore) openedState() *state {
+	st := s.opened
+	s.opened = nil
+	return st
+}
+
+// outputPerm is the mode a new output gets: the ledger's bits (pathguard).
+func (s *dirStore) outputPerm() fs.FileMode { return outputPerm(s.fs) }
+
+// sessionOrNone names temp files before a session exists.
+func (s *dirStore) sessionOrNone() string {
+	if s.session == "" {
+		return "open"
+	}
+	return s.session
+}
+
+// Open creates the run directory's files that are missing and, under the
+// ledger lock, recovers what a crash left: records that only the journal
+// holds are copied back into the ledger (and fdatasync'd there), a torn
+// last line is moved aside to logs/ledger.jsonl.torn-<time> and cut off.
+// A resumed run takes the session's lock file now, a new run once its
+// create record is written. The snapshot returned is manifest.json when it
+// still matches the ledger.
+func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, error) {
+	s.session = session
+	s.host, _ = os.Hostname()
+	if s.dir == "" {
+		return nil, Position{}, fmt.Errorf("%w: Open needs a directory", ErrInvalid)
+	}
+	abs, err := filepath.Abs(s.dir)
+	if err != nil {
+		return nil, Position{}, fmt.Errorf("runstate: cannot use %s: %w", s.dir, err)
+	}
+	s.abs = abs
+	if fi, err := os.Stat(s.abs); err == nil && !fi.IsDir() {
+		return nil, Position{}, fmt.Errorf("runstate: %s is a file, not a run directory: pass a directory", s.dir)
+	} else if err != nil && !isNotExist(err) {
+		return nil, Position{}, fmt.Errorf("runstate: cannot use %s: %w", s.dir, err)
+	}
+	if err := s.guard(); err != nil { // pathguard.go: runstate's own files
+		return nil, Position{}, err
+	}
+	for _, d := range []string{sessionsDir, tmpDir, handoffDir} {
+		if err := s.fs.MkdirAll(s.path(d), 0o755); err != nil {
+			return nil, Position{}, fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", s.path(d), err)
+		}
+	}
+	if s.dirFD, err = os.Open(s.abs); err != nil {
+		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", s.dir, err)
+	}
+	s.lock, err = openLedgerLock(s.path(lockFile))
+	if err != nil {
+		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", s.path(lockFile), err)
+	}
+	if err := s.waitLock(ctx, true); err != nil {
+		return nil, Position{}, err
+	}
+	defer s.lock.Unlock()
+
+	lp := s.path(ledgerFile)
+	fi, err := s.fs.Stat(lp)
+	if err == nil && fi.IsDir() {
+		return nil, Position{}, fmt.Errorf("runstate: %s is a directory, not a ledger: move it away", lp)
+	}
+	existed := err == nil
+	f, err := s.fs.OpenFile(lp, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", lp, err)
+	}
+	s.ledger = f
+	if s.ids.ledger, err = idOf(f); err != nil {
+		return nil, Position{}, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+
+	// Records a machine crash kept out of the ledger, or left damaged in
+	// its unsynced part, are read from the journal (see wal.go) before
+	// the ledger is judged, and written back before anything else.
+	st, snap, restored, err := loadState(s.fs, s.abs, f)
+	if err != nil {
+		return nil, Position{}, err
+	}
+	if !s.opts.NoSync {
+		if err := s.openJournal(); err != nil {
+			return nil, Position{}, err
+		}
+		if s.ids.wal, err = idOf(s.wal.f); err != nil {
+			return nil, Position{}, fmt.Errorf("runstate: stat %s: %w", s.path(walFile), err)
+		}
+	}
+	if saved, err := restoreJournal(s.fs, s.abs, s.sessionOrNone(), f, restored); err != nil {
+		return nil, Position{}, err
+	} else if len(restored.tail) > 0 {
+		from, to := restored.seqs()
+		s.log.Warn("runstate: copied acknowledged records that a machine crash kept out of the ledger back from the journal",
+			"ledger", lp, "journal", s.path(walFile), "seq", fmt.Sprintf("%d-%d", from, to), "offset", restored.at, "torn_saved", saved)
+	}
+	if st.pos.seq == 0 {
+		// Before cutTorn: a first line that does not parse may be all
+		// that is left of a run (refuseReplace).
+		if err := s.refuseReplace(existed); err != nil {
+			return nil, Position{}, err
+		}
+		s.holdLater = true
+	}
+	if err := s.cutTorn(st.pos); err != nil {
+		return nil, Position{}, err
+	}
+	if !s.holdLater {
+		if err := s.holdSession(); err != nil {
+			return nil, Position{}, err
+		}
+	}
+	s.opened = st
+	if snap == nil {
+		return nil, st.position(), nil
+	}
+	return snap.data, snap.at, nil
+}
+
+// openedSnapshot is the manifest Open resumed from, and its position.
+type openedSnapshot struct {
+	data []byte
+	at   Position
+}
+
+// loadState reads the run's state: from manifest.json when it is a usable
+// snapshot of this ledger (its last record is there, with the same hash),
+// then the records after it; otherwise by replaying the whole ledger.
+// A torn tail is not applied; the returned state's pos ends before it.
+// Records that only the journal holds (j) are applied where the ledger
+// lost them (replayJournal); the caller writes them back.
+func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnapshot, j restored, err error) {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, j, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	size := fi.Size()
+	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
+		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && journalAgrees(fsys, dir, f, pos) {
+			if crc, ok := snapshotHolds(f, pos); ok {
+				st = s
+				st.pos.crc = crc
+				snap = &openedSnapshot{data: data, at: st.position()}
+			}
+		}
+	}
+	if st == nil {
+		st = newState()
+	}
+	_, j, err = replayJournal(fsys, dir, f, size, &st.pos, st.replay)
+	if err != nil {
+		return nil, nil, j, err
+	}
+	return st, snap, j, nil
+}
+
+// snapshotHolds reports whether the ledger has, at pos, the record the
+// manifest says it reflects, and whether that line has a crc field.
+func snapshotHolds(f file, pos snapshotPos) (crc, ok bool) {
+	n := pos.End - pos.Offset
+	if n > maxLine || n < 1 {
+		return false, false
+	}
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, pos.Offset); err != nil {
+		return false, false
+	}
+	if buf[n-1] != '\n' || (pos.Offset > 0 && !precededByNewline(f, pos.Offset)) {
+		return false, false
+	}
+	return hasCRC(buf[:n-1]), lineHash(buf[:n-1]) == pos.Hash
+}
+
+func precededByNewline(f file, off int64) bool {
+	var b [1]byte
+	_, err := f.ReadAt(b[:], off-1)
+	return err == nil && b[0] == '\n'
+}
+
+// cutTorn moves a torn last line, after c (the last good record), aside
+// and truncates the ledger there. The caller holds the ledger lock.
+func (s *dirStore) cutTorn(c chain) error {
+	size, err := fileSize(s.ledger)
+	if err != nil {
+		return err
+	}
+	end := c.offset
+	if size == end {
+		return nil
+	}
+	if size < end {
+		return &CorruptError{Path: s.path(ledgerFile), Line: int(c.seq), Offset: size,
+			Err: fmt.Errorf("ledger is %d bytes, shorter than the %d already read (truncated by hand?)", size, end)}
+	}
+	aside, err := saveTorn(s.fs, s.abs, s.sessionOrNone(), s.ledger, end, size, !s.opts.NoSync)
+	if err != nil {
+		return err
+	}
+	if err := s.ledger.Truncate(end); err != nil {
+		return &WriteError{Path: s.path(ledgerFile), Op: "truncate", Err: err}
+	}
+	s.log.Warn("runstate: cut a torn last line from the ledger (a writer died mid-append; it was never acknowledged)",
+		"ledger", s.path(ledgerFile), "offset", end, "bytes", size-end, "saved", aside)
+	return nil
+}
+
+// Lock takes logs/ledger.lock, waiting as long as ctx allows.
+func (s *dirStore) Lock(ctx context.Context, from Position) (Batch, error) {
+	if err := s.waitLock(ctx, false); err != nil {
+		return nil, err
+	}
+	return s.begin(from), nil
+}
+
+// TryLock takes logs/ledger.lock if no other process holds it.
+func (s *dirStore) TryLock(from Position) (Batch, bool, error) {
+	ok, err := s.lock.TryLock()
+	if err != nil {
+		return nil, false, fmt.Errorf("runstate: lock %s: %w", s.path(lockFile), err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	return s.begin(from), true, nil
+}
+
+// Read passes the ledger's lines after from, with the records a machine
+// crash left only in logs/ledger.wal in their place (see wal.go). A store
+// that is open reads through its own handle on the ledger.
+func (s *dirStore) Read(ctx context.Context, from Position, fn func(line []byte) error) (int64, error) {
+	c := chainAt(from)
+	return s.readChecked(&c, func(_ *Record, line []byte) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fn(line)
+	})
+}
+
+// Live reports, for each session, whether its lock file leaves it
+// possibly alive (alive, without a state to look in).
+func (s *dirStore) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
+	live := make(map[string]bool, len(sessions))
+	for _, id := range sessions {
+		live[id] = s.alive(id)
+	}
+	return live, nil
+}
+
+// Close releases the session's lock and files. With clean (a close record
+// was written) it first fdatasyncs the ledger, so that it alone holds every
+// record whatever logs/ledger.wal holds, then removes the session's lock
+// file and handoff files; without, it leaves the lock file unlocked, as a
+// killed process would: a lock that can be taken proves the session gone
+// (alive), a missing one does not.
+func (s *dirStore) Close(clean bool) error {
+	var err error
+	if clean && s.ledger != nil && !s.opts.NoSync {
+		if serr := s.ledger.Sync(); serr != nil {
+			err = &WriteError{Path: s.path(ledgerFile), Op: "sync", Err: serr}
+			clean = false
+		}
+	}
+	if clean {
+		s.handoff.remove(s)
+	}
+	if s.sesLock != nil {
+		openHere.Delete(s.session)
+		// Remove while holding the lock, so no other session sees the
+		// file unlocked and takes it for a dead session's (Windows cannot
+		// remove an open file; there the next Open cleans it up).
+		if clean {
+			_ = os.Remove(s.sesLock.Path())
+		}
+		s.sesLock.Unlock()
+	}
+	if s.ledger != nil {
+		s.ledger.Close()
+	}
+	if s.wal.f != nil {
+		s.wal.f.Close()
+	}
+	if s.dirFD != nil {
+		s.dirFD.Close()
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	s.handoff.close()
+	return err
+}
+
+// dirBatch is the file store's Batch: the ledger lock held by the Run's
+// leader. Its methods are in store_file_batch.go.
+type dirBatch struct {
+	s     *dirStore
+	from  chain  // where the Run was when it took the lock
+	lines []byte // what the leader's last Append wrote
+	end   chain  // where that ends
+	span  []byte // the ledger bytes the journal must take (wal.span)
+	first bool   // the first batch of the session (Open's)
+}
+
+// reload reads the state again, from the snapshot and the ledger, after an
+// append that did not land (the Run's reload).
+func (s *dirStore) reload() (*state, error) {
+	st, _, _, err := loadState(s.fs, s.abs, s.ledger)
+	return st, err
+}

@@ -1,0 +1,193 @@
+package runstate
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// The file store's readers: what Inspect, ReadLedger and Verify read of a
+// run directory, without a lock and without writing, from any process.
+// The records that a machine crash left only in logs/ledger.wal stand in
+// for the ledger's lost bytes (replayJournal); Verify reports them, the
+// journal's own problems and the projections' lag.
+
+// openLedger opens the ledger of the run in dir for reading. Its error
+// says whether dir is missing or is not a run directory.
+func openLedger(dir string) (*os.File, string, error) {
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	f, err := os.Open(lp)
+	if err == nil {
+		return f, lp, nil
+	}
+	if isNotExist(err) {
+		if _, derr := os.Stat(dir); derr != nil {
+			return nil, lp, fmt.Errorf("runstate: no run directory at %s: %w", dir, derr)
+		}
+		return nil, lp, fmt.Errorf("runstate: %s is not a run directory (no %s): %w", dir, ledgerFile, fs.ErrNotExist)
+	}
+	return nil, lp, fmt.Errorf("runstate: cannot read the ledger: %w", err) // err names the file
+}
+
+// readState loads the state of the run without a lock or a write: from
+// the snapshot when it holds (Inspect, NextSteps).
+func (s *dirStore) readState() (*state, int64, error) {
+	f, lp, err := openLedger(s.dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	// Records a machine crash kept out of the ledger, or damaged in it,
+	// are read from the journal (wal.go).
+	st, _, _, err := loadState(s.fs, s.dir, osFile{f})
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	torn := max(0, fi.Size()-st.pos.offset)
+	if st.pos.seq == 0 {
+		if found := leftovers(s.fs, s.dir, true); len(found) > 0 {
+			return nil, 0, lostLedger(lp, osFile{f}, true, found)
+		}
+		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
+	}
+	return st, torn, nil
+}
+
+// readChecked is Read with the records checked and applied once: every
+// line after c, through apply, c advanced past the last. torn is the size
+// of a torn last line.
+func (s *dirStore) readChecked(c *chain, apply func(*Record, []byte) error) (torn int64, err error) {
+	f := s.ledger
+	if f == nil {
+		lf, _, err := openLedger(s.dir)
+		if err != nil {
+			return 0, err
+		}
+		defer lf.Close()
+		f = osFile{lf}
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("runstate: stat %s: %w", s, err)
+	}
+	tornAt, _, err := replayJournal(s.fs, s.dir, f, fi.Size(), c, apply)
+	if err != nil || tornAt < 0 {
+		return 0, err
+	}
+	return fi.Size() - tornAt, nil
+}
+
+// verifyLedger is Verify's check of the ledger and the journal: it
+// replays every record into st (through each) and adds what is wrong to
+// rep. done: there is nothing more to check (the ledger is damaged, or
+// holds no record).
+func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byte) error) (done bool, err error) {
+	f, lp, err := openLedger(s.dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("runstate: stat %s: %w", lp, err)
+	}
+	size := fi.Size()
+	wp := filepath.Join(s.dir, filepath.FromSlash(walFile))
+	torn, j, err := replayJournal(s.fs, s.dir, osFile{f}, size, &st.pos, each)
+	if len(j.tail) > 0 {
+		from, to := j.seqs()
+		what := fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, to, walFile)
+		switch {
+		case j.damage != nil:
+			what = fmt.Sprintf("bytes %d-%d are damaged (%v; a power loss hits what was not yet fdatasync'd), but acknowledged records seq %d-%d there are whole in %s",
+				j.at, min(size, j.at+int64(len(j.tail))), j.damage.Err, from, to, walFile)
+		case j.torn >= 0:
+			rep.Problems = append(rep.Problems, tornProblem(lp, from, j.torn, size-j.torn))
+		}
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: j.at, What: what,
+			Fix: "the next Open, or 'runstate repair DIR', copies them into the ledger"})
+	}
+	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
+	var ce *CorruptError
+	switch {
+	case errors.As(err, &ce):
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
+			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce)})
+		return true, nil
+	case errors.As(err, new(journalError)):
+		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
+	case err != nil:
+		return false, err
+	}
+	if torn >= 0 {
+		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn))
+	}
+	if st.pos.seq == 0 {
+		if found := leftovers(s.fs, s.dir, true); len(found) > 0 {
+			rep.Problems = append(rep.Problems, Problem{File: lp, Line: 1,
+				What: "the ledger holds no record, but " + strings.Join(found, ", ") + " show that a run was here (the ledger was emptied or lost)",
+				Fix:  lostFix})
+			return true, nil
+		}
+		rep.Problems = append(rep.Problems, Problem{File: lp, What: "empty ledger: the run was never created",
+			Fix: "Open the directory with Options.Request to create the run, or remove it"})
+		return true, nil
+	}
+	return false, nil
+}
+
+// verifyProjections is Verify's check that manifest.json and
+// logs/next-steps.txt reflect the ledger (st); the handoff may lag by
+// begins, up to settled, the last record that is not one.
+func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
+	mp := filepath.Join(s.dir, manifestFile)
+	if data, err := os.ReadFile(mp); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if _, pos, err := decodeManifest(data); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if pos.End != st.pos.offset || pos.Hash != st.pos.hash {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("behind the ledger (reflects the record ending at byte %d, the ledger ends at %d)", pos.End, st.pos.offset),
+			Fix: "normal while a session runs; otherwise the next Open or 'runstate repair DIR' rebuilds it"})
+	}
+	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
+	if seq, err := nextStepsSeq(np); err != nil {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	} else if seq < settled || seq > st.pos.seq {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("reflects seq %d, the ledger is at seq %d", seq, st.pos.seq),
+			Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+	}
+}
+
+// nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its
+// first line.
+func nextStepsSeq(p string) (int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return 0, fmt.Errorf("unreadable: %v", err)
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(io.LimitReader(f, 4096)).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("no first line: %v", err)
+	}
+	_, after, ok := strings.Cut(line, "as of ledger seq ")
+	if !ok {
+		return 0, errors.New("first line does not name a ledger seq")
+	}
+	num, _, _ := strings.Cut(after, " ")
+	seq, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("first line names a bad seq %q", num)
+	}
+	return seq, nil
+}

@@ -1,0 +1,132 @@
+package runstate_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/runstatetest"
+)
+
+// The store-generic readers see, on the file store, what the run-directory
+// readers see: the same records, the same status, the same verdict.
+func TestStoreReadersMatchDirectoryReaders(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	require.NoError(t, r.Do(ctx, "parse", writeStage("out/a.txt", "a")))
+	require.NoError(t, r.Do(ctx, "test", writeStage("out/b.txt", "b")))
+	require.NoError(t, r.Close())
+	s := runstate.NewFileStore(dir, nil)
+
+	var want, got []runstate.Record
+	require.NoError(t, runstate.ReadLedger(dir, func(rec *runstate.Record) error { want = append(want, *rec); return nil }))
+	require.NoError(t, runstate.ReadStore(ctx, s, func(rec *runstate.Record) error { got = append(got, *rec); return nil }))
+	assert.Equal(t, want, got)
+
+	ws, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	gs, err := runstate.InspectStore(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, ws.Stages, gs.Stages)
+	assert.Equal(t, ws.Seq, gs.Seq)
+
+	wn, err := runstate.NextSteps(dir)
+	require.NoError(t, err)
+	gn, err := runstate.NextStepsStore(ctx, s, dir)
+	require.NoError(t, err)
+	assert.Equal(t, wn, gn)
+
+	rep, err := runstate.VerifyStore(ctx, s, dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+
+	// A torn last line is reported, not returned.
+	f, err := os.OpenFile(filepath.Join(dir, "logs", "ledger.jsonl"), os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	gs, err = runstate.InspectStore(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, int64(9), gs.Torn)
+}
+
+// plainStore is the file store seen only through the exported Store and
+// Batch interfaces, as another module's store is: no TryLock, no side
+// writes, no state handed over at Open. A Run on it takes the committer's
+// generic paths (leadLater for every batch, the snapshot decoded and the
+// tail read through Read).
+type plainStore struct{ runstate.Store }
+
+func (s plainStore) Lock(ctx context.Context, from runstate.Position) (runstate.Batch, error) {
+	b, err := s.Store.Lock(ctx, from)
+	if err != nil {
+		return nil, err
+	}
+	return plainBatch{b}, nil
+}
+
+type plainBatch struct{ runstate.Batch }
+
+// TestOpenStoreThroughTheInterfaceAlone runs stages, an effect, a crash and
+// a resume on a Store that only has the exported methods: what another
+// module's store gets. The run it leaves verifies, and Open of the same
+// directory reads the same state.
+func TestOpenStoreThroughTheInterfaceAlone(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: testRequest, ManifestInterval: -1}
+	open := func() *runstate.Run {
+		r, err := runstate.OpenStore(plainStore{runstate.NewFileStore(dir, opts)}, dir, opts)
+		require.NoError(t, err)
+		return r
+	}
+	r := open()
+	require.NoError(t, r.Do(ctx, "parse", writeStage("out/a.txt", "a")))
+	receipt, err := r.Effect(ctx, "ticket", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) { return json.RawMessage(`"T-1"`), nil }})
+	require.NoError(t, err)
+	assert.JSONEq(t, `"T-1"`, string(receipt))
+	st, err := r.Begin(ctx, "test")
+	require.NoError(t, err)
+	require.NoError(t, st.WriteFile("out/b.txt", []byte("b")))
+	runstatetest.Crash(r)
+
+	r = open() // from the snapshot, through Read
+	s, err := r.Status()
+	require.NoError(t, err)
+	parse, _ := s.Stage("parse")
+	assert.Equal(t, runstate.StateComplete, parse.State)
+	test, _ := s.Stage("test")
+	assert.Equal(t, runstate.StateInterrupted, test.State, "the crashed session is proven gone through Batch.Alive")
+	called := false
+	receipt, err = r.Effect(ctx, "ticket", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		called = true
+		return json.RawMessage(`"T-2"`), nil
+	}})
+	require.NoError(t, err)
+	assert.False(t, called, "a confirmed effect is never repeated")
+	assert.JSONEq(t, `"T-1"`, string(receipt))
+	require.NoError(t, r.Do(ctx, "test", writeStage("out/b.txt", "b")))
+	want, err := r.Status()
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	assertVerifies(t, dir)
+	r2, err := runstate.Open(dir, &runstate.Options{Request: testRequest})
+	require.NoError(t, err)
+	got, err := r2.Status()
+	require.NoError(t, err)
+	require.Len(t, got.Stages, len(want.Stages))
+	for i, w := range want.Stages {
+		g := got.Stages[i]
+		assert.Equal(t, [3]any{w.Name, w.State, w.Attempt}, [3]any{g.Name, g.State, g.Attempt})
+		assert.Equal(t, w.Outputs, g.Outputs)
+	}
+	require.NoError(t, r2.Close())
+}
