@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/dbos-inc/dbos-transact-golang v1.8.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/runstate/runstate v0.0.0-00010101000000-000000000000
+	github.com/runstate/runstate v0.0.0
 	go.etcd.io/bbolt v1.5.0
 	modernc.org/sqlite v1.62.0
 )
@@ -22,6 +22,7 @@ require (
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
+	github.com/runstate/runstate/pgstore v0.0.0
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
@@ -31,3 +32,5 @@ require (
 )
 
 replace github.com/runstate/runstate => ../
+
+replace github.com/runstate/runstate/pgstore => ../pgstore

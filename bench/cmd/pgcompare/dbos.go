@@ -75,7 +75,7 @@ func (c *dbosPG) Open(ctx context.Context, cfg config) error {
 		return fmt.Errorf("dbos: only one DBOS contender can be open at a time")
 	}
 	var err error
-	if c.fw, err = kit.NewFileWork(cfg.Dir, true); err != nil {
+	if c.fw, err = kit.NewFileWork(cfg.Dir, writeOutputs); err != nil {
 		return err
 	}
 	c.dctx, err = dbos.NewContext(ctx, dbos.Config{

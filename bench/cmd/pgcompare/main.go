@@ -39,6 +39,9 @@ import (
 	"github.com/runstate/runstate/bench/internal/kit"
 )
 
+// writeOutputs says whether checkpoints write their output file (-outputs).
+var writeOutputs = true
+
 // config is where a contender keeps its store: the server, its schema, the
 // run (pgstore), a local working directory, and how many connections the
 // process may use at once.
@@ -99,6 +102,7 @@ func main() {
 		keep       = flag.Bool("keep", false, "keep the schemas and the working directories")
 		child      = flag.String("child", "", "internal: run as a child process of the multi-process modes")
 	)
+	flag.BoolVar(&writeOutputs, "outputs", true, "pgstore and dbos checkpoints write their output file (false: the record alone)")
 	flag.Parse()
 	if *child != "" {
 		os.Exit(childMain(*child))
@@ -356,7 +360,7 @@ func (b *bench) processes(ctx context.Context, e *entry, n int, own bool, round 
 			cfg.Run = fmt.Sprintf("bench-p%d", i)
 		}
 		job, _ := json.Marshal(childJob{Cfg: cfg, First: b.take(per), N: per})
-		cmd := exec.CommandContext(ctx, exe, "-child", e.info.name)
+		cmd := exec.CommandContext(ctx, exe, "-child", e.info.name, fmt.Sprintf("-outputs=%t", writeOutputs))
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -494,8 +498,12 @@ func (b *bench) dropSchemas(ctx context.Context) error {
 func (b *bench) report(entries []*entry, took time.Duration) {
 	fmt.Printf("runstate bench/cmd/pgcompare  %s  %s/%s  %d CPUs  %s\n",
 		runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Printf("PostgreSQL %s (synchronous_commit=%s, fsync=%s); %d rounds × %d checkpoints per contender and mode; took %.0fs; load average %s before, %s after\n\n",
-		b.server, b.syncCommit, b.fsync, b.rounds, b.ops, took.Seconds(), b.loadB, b.loadA)
+	outputs := "with"
+	if !writeOutputs {
+		outputs = "without"
+	}
+	fmt.Printf("PostgreSQL %s (synchronous_commit=%s, fsync=%s); %d rounds × %d checkpoints per contender and mode, %s output files; took %.0fs; load average %s before, %s after\n\n",
+		b.server, b.syncCommit, b.fsync, b.rounds, b.ops, outputs, took.Seconds(), b.loadB, b.loadA)
 	var raw, dbos, pg *entry
 	for _, e := range entries {
 		switch e.info.name {
