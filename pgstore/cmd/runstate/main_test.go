@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -317,8 +318,8 @@ func TestLogFollowPrintsRecordsAnotherSessionAppends(t *testing.T) {
 	cmd := exec.Command(bin, "log", "-follow", "-since", fmt.Sprint(st.Seq), p.addr)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
 	require.NoError(t, cmd.Start())
 	lines := make(chan string, 100)
 	go func() {
@@ -351,6 +352,25 @@ func TestLogFollowPrintsRecordsAnotherSessionAppends(t *testing.T) {
 	assert.Regexp(t, `  close `, got[2])
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT; stderr %s", errb.String())
+}
+
+// syncBuffer is a bytes.Buffer that a process's output may fill while the
+// test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestAddressErrorsSayWhatToDo(t *testing.T) {
