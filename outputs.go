@@ -112,6 +112,22 @@ func (o *outputs) write(rel string, data []byte) (err error) {
 	if err := o.checkLanding(rel, false); err != nil {
 		return err
 	}
+	return o.writeTemp(rel, name, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// writeFrom writes an output from what fill writes, through a temp file
+// in logs/tmp renamed into place (blobs.go: an output fetched from the
+// store). The caller checked rel's landing.
+func (o *outputs) writeFrom(rel string, fill func(io.Writer) error) error {
+	return o.writeTemp(rel, o.session+"-"+randomHex(8), fill)
+}
+
+// writeTemp writes rel through the temp file logs/tmp/name.
+func (o *outputs) writeTemp(rel, name string, fill func(io.Writer) error) (err error) {
+	perm := o.perm
 	native := filepath.FromSlash(rel)
 	tmp := filepath.Join(filepath.FromSlash(tmpDir), name)
 	f, err := o.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
@@ -124,7 +140,7 @@ func (o *outputs) write(rel string, data []byte) (err error) {
 			o.root.Remove(tmp)
 		}
 	}()
-	if _, err = f.Write(data); err != nil {
+	if err = fill(f); err != nil {
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
 	if err = f.Close(); err != nil {

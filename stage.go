@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -187,6 +188,9 @@ func (st *Stage) Complete() error {
 	if err != nil {
 		return st.closedOr(err)
 	}
+	if err := st.run.storeOutputs(context.Background(), outs); err != nil { // blobs.go
+		return st.closedOr(err)
+	}
 	now, err := st.run.gather(st.ev.list)
 	stale := ""
 	if err != nil {
@@ -283,6 +287,9 @@ func (st *Stage) Await(reason string) error {
 	}
 	outs, err := st.collectOutputs()
 	if err != nil {
+		return st.closedOr(err)
+	}
+	if err := st.run.storeOutputs(context.Background(), outs); err != nil { // blobs.go
 		return st.closedOr(err)
 	}
 	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {

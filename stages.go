@@ -304,11 +304,12 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		r.stMu.RUnlock()
 		outReason := ""
 		if seen != 0 {
-			outReason = r.out.check(outs)
+			outReason = r.restoreOutputs(ctx, outs, r.out.check(outs)) // blobs.go
 		}
 		var fps map[string]string
 		var attempt int
 		var why string
+		var afterOuts []Output
 		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
@@ -365,6 +366,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			}
 			attempt = st.Attempt + 1
 			why = attemptReason(st, recs)
+			afterOuts = ev.afterOutputs(s)
 			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps, Reason: why})
 			return recs, nil
 		}})
@@ -383,7 +385,12 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if err := r.hit(hookAfterBegin, name); err != nil {
 			return nil, err
 		}
-		return &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}, nil
+		st := &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}
+		if err := r.fetchOutputs(ctx, afterOuts); err != nil { // blobs.go
+			_ = st.Fail(err)
+			return nil, err
+		}
+		return st, nil
 	}
 }
 

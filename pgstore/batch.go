@@ -40,12 +40,11 @@ type batch struct {
 	dead []string
 
 	// What Append queued, sent with the COMMIT in one round trip.
-	rows    recordRows
-	outs    outputRows
-	to      runstate.Position
-	publish *projection
-	synced  bool
-	done    bool
+	rows   recordRows
+	outs   outputRows
+	to     runstate.Position
+	synced bool
+	done   bool
 }
 
 type recordRows struct {
@@ -64,11 +63,6 @@ type outputRows struct {
 	size []int64
 }
 
-type projection struct {
-	at                runstate.Position
-	manifest, handoff []byte
-}
-
 // Lock starts the batch's transaction in one pipelined round trip: BEGIN,
 // the head row FOR UPDATE (which serializes the run's writers on every
 // machine), then, as statements of their own so that they run after the
@@ -79,13 +73,30 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 	if err != nil {
 		return nil, err
 	}
-	if err := ses.check(ctx); err != nil {
-		return nil, err
-	}
 	runID, err := s.id(ctx)
 	if err != nil {
 		return nil, err
 	}
+	for try := 0; ; try++ {
+		// A lock connection being re-established is waited for.
+		if err := ses.check(ctx); err != nil {
+			return nil, err
+		}
+		b, err := s.lockOnce(ctx, ses, runID, from)
+		if err == nil {
+			return b, nil
+		}
+		// Nothing was written: a batch whose session was re-holding its
+		// lock, or whose pooled connection had died (a server restart),
+		// is tried again.
+		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+			continue
+		}
+		return nil, err
+	}
+}
+
+func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from runstate.Position) (*batch, error) {
 	conn, err := s.db.pool.Acquire(ctx)
 	if err != nil {
 		return nil, s.db.connectError(err)
@@ -301,10 +312,13 @@ func (b *batch) Sync(ctx context.Context) error {
 	return err
 }
 
-// Publish stores the projections (newest seq wins), in the batch's
-// transaction when it has not committed yet, else at Unlock.
+// Publish keeps the projections for the database (each, newest seq wins):
+// they are written with this batch's COMMIT when it has not committed yet,
+// else with the next batch's (or at a clean Close), so that they never
+// cost a transaction of their own. The handoff is written at most once a
+// second (handoffEvery): readers render it from the records anyway.
 func (b *batch) Publish(at runstate.Position, manifest, handoff []byte) {
-	b.publish = &projection{at: at, manifest: manifest, handoff: handoff}
+	b.s.pub.keep(at, manifest, handoff)
 }
 
 // Unlock ends the batch: COMMIT with synchronous_commit off when Sync did
@@ -316,9 +330,6 @@ func (b *batch) Unlock() error {
 	}
 	defer b.release()
 	if b.synced {
-		if b.publish != nil {
-			b.publishAlone()
-		}
 		return nil
 	}
 	return b.commit(context.Background(), true)
@@ -375,18 +386,16 @@ ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff =
 WHERE p.handoff_seq < excluded.handoff_seq`
 )
 
-func (b *batch) queuePublish(pb *pgx.Batch) {
-	p := b.publish
-	b.publish = nil
-	hash, err := hex.DecodeString(p.at.Hash)
-	if err != nil {
-		return
+// queuePublish queues the projections due.
+func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
+	m, h := s.pub.take(time.Now(), all)
+	if m != nil {
+		if hash, err := hex.DecodeString(m.at.Hash); err == nil {
+			pb.Queue(s.db.sql(publishManifestSQL), runID, m.at.Seq, hash, m.at.End, m.at.LastLen, m.at.CRC, m.data)
+		}
 	}
-	if p.manifest != nil {
-		pb.Queue(b.s.db.sql(publishManifestSQL), b.runID, p.at.Seq, hash, p.at.End, p.at.LastLen, p.at.CRC, p.manifest)
-	}
-	if p.handoff != nil {
-		pb.Queue(b.s.db.sql(publishHandoffSQL), b.runID, p.at.Seq, string(p.handoff))
+	if h != nil {
+		pb.Queue(s.db.sql(publishHandoffSQL), runID, h.at.Seq, string(h.data))
 	}
 }
 
@@ -402,9 +411,7 @@ func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
 			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
 	}
-	if b.publish != nil {
-		b.queuePublish(&pb)
-	}
+	b.s.queuePublish(&pb, b.runID, false)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	}
@@ -473,16 +480,4 @@ func ambiguous(err error) bool {
 		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
 	}
 	return true
-}
-
-// publishAlone writes a projection after the batch committed.
-func (b *batch) publishAlone() {
-	var pb pgx.Batch
-	pb.Queue("BEGIN")
-	pb.Queue("SET LOCAL synchronous_commit = off")
-	b.queuePublish(&pb)
-	pb.Queue("COMMIT")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = b.conn.SendBatch(ctx, &pb).Close()
 }

@@ -132,3 +132,30 @@ func TestSplitSchema(t *testing.T) {
 		assert.Equal(t, c.schema, schema, c.in)
 	}
 }
+
+// A reader never creates the schema: a missing one is a clear error.
+func TestConnectReadOnlyCreatesNothing(t *testing.T) {
+	schema := newSchema(t)
+	dsn := withSchema(testDSN(t), schema)
+	_, err := ConnectReadOnly(context.Background(), dsn)
+	require.ErrorIs(t, err, ErrNoRun)
+	assert.Contains(t, err.Error(), "no runstate schema "+schema)
+	admin, err := pgx.Connect(context.Background(), testDSN(t))
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	var n int
+	require.NoError(t, admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema).Scan(&n))
+	assert.Equal(t, 0, n, "the schema was not created")
+
+	db, err := Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	db.Close()
+	db, err = ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	names, err := db.Runs(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, names)
+	_, err = db.Inspect(context.Background(), "typo")
+	assert.ErrorIs(t, err, ErrNoRun)
+}

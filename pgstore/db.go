@@ -46,7 +46,15 @@ type DB struct {
 // database cannot be reached, with runstate.ErrVersion when the schema was
 // made by a newer pgstore, and, for a user who may not create the schema,
 // with the GRANT to run.
-func Connect(ctx context.Context, dsn string) (*DB, error) {
+func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
+
+// ConnectReadOnly is Connect for programs that only read runs (a status
+// command): it never creates or upgrades the schema, and fails with an
+// error naming the schema when it is missing or at another version. Safe
+// for concurrent use.
+func ConnectReadOnly(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, false) }
+
+func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	dsn, schema, err := splitSchema(dsn)
 	if err != nil {
 		return nil, err
@@ -80,7 +88,12 @@ func Connect(ctx context.Context, dsn string) (*DB, error) {
 		db.pool.Close()
 		return nil, db.connectError(err)
 	}
-	if err := db.migrate(ctx); err != nil {
+	if write {
+		err = db.migrate(ctx)
+	} else {
+		err = db.checkVersion(ctx)
+	}
+	if err != nil {
 		db.pool.Close()
 		return nil, err
 	}

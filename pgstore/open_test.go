@@ -38,3 +38,40 @@ func TestOpenRunsStagesAcrossTwoSessions(t *testing.T) {
 	assert.ErrorIs(t, err, runstate.ErrMismatch)
 	assert.Contains(t, err.Error(), `run "r"`)
 }
+
+func TestRunsListsRunNames(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	for _, name := range []string{"b", "a"} {
+		r, err := db.Open(ctx, name, t.TempDir(), &runstate.Options{Request: "list"})
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+	}
+	names, err := db.Runs(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, names)
+}
+
+// A clean Close leaves the projections row at the close record: the next
+// Open resumes from that snapshot.
+func TestCloseWritesProjectionsAtTheLastRecord(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "projections"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	st := db.reader("r")
+	runID, err := st.id(ctx)
+	require.NoError(t, err)
+	snap, at, err := st.snapshot(ctx, runID)
+	require.NoError(t, err)
+	require.NotNil(t, snap)
+	lines := readAll(t, st)
+	assert.Equal(t, int64(len(lines)), at.Seq)
+	var handoffSeq int64
+	var handoff string
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT handoff_seq, handoff FROM {s}.projections WHERE run_id = $1`), runID).Scan(&handoffSeq, &handoff))
+	assert.Equal(t, int64(len(lines)), handoffSeq)
+	assert.NotEmpty(t, handoff)
+}

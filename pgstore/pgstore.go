@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 )
 
@@ -94,6 +95,20 @@ func (db *DB) Verify(ctx context.Context, run string) (*runstate.Report, error) 
 		rep.Dir = db.Address(run)
 	}
 	return rep, err
+}
+
+// Runs returns the names of the runs in the schema, in order. It reads
+// one snapshot, writes nothing, and is safe for concurrent use.
+func (db *DB) Runs(ctx context.Context) ([]string, error) {
+	rows, err := db.pool.Query(ctx, db.sql(`SELECT name FROM {s}.runs ORDER BY name`))
+	if err != nil {
+		return nil, db.rightsError("list the runs of schema "+db.schema, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, db.rightsError("list the runs of schema "+db.schema, err)
+	}
+	return names, nil
 }
 
 // Address is the run's address for the runstate command, without the

@@ -93,6 +93,22 @@ func (db *DB) migrate(ctx context.Context) error {
 
 var errNoSchema = errors.New("pgstore: no schema")
 
+// checkVersion is migrate for a reader: it only checks.
+func (db *DB) checkVersion(ctx context.Context) error {
+	v, err := db.version(ctx, db.pool)
+	switch {
+	case errors.Is(err, errNoSchema):
+		return fmt.Errorf("%w: no runstate schema %s in %s (or its schema_version table is missing): check schema=NAME in the DSN; a program that writes runs creates it",
+			ErrNoRun, db.schema, db.where)
+	case err != nil:
+		return err
+	case v < SchemaVersion:
+		return fmt.Errorf("%w: schema %s in %s is at version %d, older than the %d this pgstore reads: connect once with a writer (pgstore.Connect) to upgrade it",
+			runstate.ErrVersion, db.schema, db.where, v, SchemaVersion)
+	}
+	return nil
+}
+
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }

@@ -13,13 +13,23 @@ import (
 )
 
 // Liveness timing (DESIGN-pg.md §5): the lock connection is pinged every
-// pingEvery with a deadline of pingTimeout; lostAfter without a good ping
-// or a re-held lock and the session is lost for good.
+// pingEvery with a deadline of pingTimeout. When a ping fails the pinger
+// reconnects and takes the lock again, under the run's head row lock and
+// refused when a record names the session gone (so a re-hold is safe at
+// any time); after lostAfter without a held lock the session is lost for
+// good. lostAfter spans the restart grace: a server restart drops every
+// session's lock, and the sessions take theirs back when it is up again.
 var (
 	pingEvery   = time.Second
 	pingTimeout = time.Second
-	lostAfter   = 3 * time.Second
+	lostAfter   = grace
 )
+
+// errRehold: a batch found the session's own lock free while the session
+// is not lost yet (its lock connection died since the last ping, or the
+// server restarted): Lock waits for the pinger to take the lock again and
+// tries once more.
+var errRehold = errors.New("the session's lock is being taken again")
 
 // session is one session's liveness: a dedicated connection (never from
 // the pool) that holds the session-level advisory lock lockKey(id) for the
@@ -48,6 +58,7 @@ type session struct {
 	// batches that wait for either (waitHeld).
 	held chan struct{}
 
+	kick chan struct{} // re-hold now (a batch found the lock free)
 	stop chan struct{}
 	done chan struct{}
 }
@@ -55,7 +66,7 @@ type session struct {
 // hold opens the lock connection and takes the session's lock.
 func (db *DB) hold(ctx context.Context, runID, id string) (*session, error) {
 	s := &session{db: db, id: id, key: lockKey(id), runID: runID, held: make(chan struct{}),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -125,6 +136,7 @@ func (s *session) ping() {
 		case <-s.stop:
 			return
 		case <-t.C:
+		case <-s.kick:
 		}
 		s.mu.Lock()
 		conn, lost := s.conn, s.lost
@@ -268,15 +280,25 @@ func (s *session) check(ctx context.Context) error {
 	}
 }
 
-// fenced records that a batch found the session's own lock free: the
-// session is lost (something dropped the lock connection without the
-// pinger noticing yet, or the server restarted).
+// fenced handles a batch that found the session's own lock free. Within
+// lostAfter of the last good ping that is a lock connection that died
+// since (or a server restart): the connection is dropped, the pinger takes
+// the lock again at once, and errRehold tells Lock to wait for it. Later,
+// the session is lost.
 func (s *session) fenced() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lost == nil && s.conn != nil && time.Since(s.lastOK) < lostAfter {
-		// The pinger will find out; until then this batch is refused.
-		return fmt.Errorf("%w: session %s: its lock on %s is not held (reconnecting); nothing was recorded", runstate.ErrSessionLost, s.id, s.db.where)
+	if s.lost == nil && time.Since(s.lastOK) < lostAfter {
+		if s.conn != nil {
+			// Its socket only: the pinger owns the pgx.Conn.
+			_ = s.conn.PgConn().Conn().Close()
+			s.conn = nil
+		}
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		return fmt.Errorf("pgstore: session %s: %w on %s; nothing was recorded", s.id, errRehold, s.db.where)
 	}
 	s.lose(errors.New("a batch found the lock free"))
 	return s.lost

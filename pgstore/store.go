@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,7 @@ type store struct {
 	runID string   // runs.id, once known
 	ses   *session // nil until Open, and for readers
 	blobs *blobStore
+	pub   published // projections not yet written (Batch.Publish)
 }
 
 // Store returns the runstate.Store of the run named run, for
@@ -71,7 +73,7 @@ func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Posi
 	return snap, at, nil
 }
 
-// id returns the run's id: errNoRun when the run does not exist.
+// id returns the run's id: ErrNoRun when the run does not exist.
 func (s *store) id(ctx context.Context) (string, error) {
 	s.mu.Lock()
 	id := s.runID
@@ -81,7 +83,7 @@ func (s *store) id(ctx context.Context) (string, error) {
 	}
 	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT id::text FROM {s}.runs WHERE name = $1`), s.name).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("%w: no run %q in schema %s of %s", errNoRun, s.name, s.db.schema, s.db.where)
+		return "", fmt.Errorf("%w: no run %q in schema %s of %s", ErrNoRun, s.name, s.db.schema, s.db.where)
 	} else if err != nil {
 		return "", s.db.rightsError("read run "+s.name, err)
 	}
@@ -91,7 +93,10 @@ func (s *store) id(ctx context.Context) (string, error) {
 	return id, nil
 }
 
-var errNoRun = errors.New("pgstore: no such run")
+// ErrNoRun is wrapped by the errors of the readers (Inspect, Export …) for
+// a run name the schema does not hold, and by ConnectReadOnly's for a
+// missing schema.
+var ErrNoRun = errors.New("pgstore: no such run")
 
 // snapshot reads the projection whose record is still in the records
 // table with the same hash.
@@ -191,7 +196,21 @@ func (s *store) Close(clean bool) error {
 	s.mu.Lock()
 	ses := s.ses
 	s.ses = nil
+	runID := s.runID
 	s.mu.Unlock()
+	if ses != nil && clean {
+		// The projections kept for the next batch: there is none now.
+		var pb pgx.Batch
+		pb.Queue("BEGIN")
+		pb.Queue("SET LOCAL synchronous_commit = off")
+		s.queuePublish(&pb, runID, true)
+		pb.Queue("COMMIT")
+		if pb.Len() > 4 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = s.db.pool.SendBatch(ctx, &pb).Close()
+			cancel()
+		}
+	}
 	if ses != nil {
 		ses.close(clean)
 	}

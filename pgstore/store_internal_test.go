@@ -129,9 +129,17 @@ func TestStoreAliveUntilSessionDies(t *testing.T) {
 	assert.Equal(t, map[string]bool{sa: false, sb: true}, live)
 }
 
-// A session whose lock connection was cut (here by the server) cannot
-// append: its batch finds its own lock takeable.
-func TestStoreFencesSessionThatLostItsLock(t *testing.T) {
+// killLock ends the server process that holds session's lock.
+func killLock(t *testing.T, db *DB, session string) {
+	t.Helper()
+	_, err := db.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, lockKey(session))
+	require.NoError(t, err)
+}
+
+// A session whose lock connection was cut (here by the server) and that
+// no record names gone takes its lock again and goes on appending.
+func TestStoreReholdsLockAfterItsConnectionDied(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
 	a := db.Store("r")
@@ -140,18 +148,52 @@ func TestStoreFencesSessionThatLostItsLock(t *testing.T) {
 	require.NoError(t, err)
 	defer a.Close(true)
 	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
-	_, err = db.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
-		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, lockKey(sa))
+	killLock(t, db, sa)
+	time.Sleep(20 * time.Millisecond) // the backend ends
+	pos = appendLines(t, a, pos, sa, 1, true)
+	assert.Equal(t, int64(2), pos.Seq)
+	live, err := db.Store("r").Live(ctx, []string{sa})
 	require.NoError(t, err)
+	assert.True(t, live[sa], "the lock is held again")
+}
+
+// A session whose lock connection died and that a record names gone
+// (another session took it for dead meanwhile) cannot append again.
+func TestStoreFencesSessionNamedGone(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, b := db.Store("r"), db.Store("r")
+	sa, sb := newSession(t), newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	_, _, err = b.Open(ctx, sb)
+	require.NoError(t, err)
+	defer b.Close(true)
+	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
+	// b's record that names a gone, as b's Open would write on finding a's
+	// lock free.
+	bt, err := b.Lock(ctx, pos)
+	require.NoError(t, err)
+	line := fmt.Sprintf(`{"seq":2,"at":"2026-12-01T00:00:00Z","ev":"interrupted","session":%q,"reason":"session %s is gone","prev":%q}`, sb, sa, pos.Hash)
+	to := runstate.Position{Seq: 2, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1), CRC: true}
+	require.NoError(t, bt.Append([]*runstate.Record{{Seq: 2, Ev: "interrupted", Session: sb, At: bt.Now()}}, []byte(line+"\n"), to))
+	require.NoError(t, bt.Sync(ctx))
+	require.NoError(t, bt.Unlock())
+
+	killLock(t, db, sa)
 	var lockErr error
 	for range 100 {
-		if _, lockErr = a.Lock(ctx, pos); lockErr != nil {
+		var bt runstate.Batch
+		if bt, lockErr = a.Lock(ctx, to); lockErr != nil {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		require.NoError(t, bt.Abort())
+		time.Sleep(50 * time.Millisecond)
 	}
 	require.ErrorIs(t, lockErr, runstate.ErrSessionLost)
-	assert.Len(t, readAll(t, a), 1)
+	assert.Contains(t, lockErr.Error(), "record 2 names this session gone")
+	assert.Len(t, readAll(t, a), 2)
 }
 
 func TestBlobsRoundTrip(t *testing.T) {

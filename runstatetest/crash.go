@@ -23,6 +23,17 @@
 // artifacts are byte for byte those of an uninterrupted run.
 //
 // A crash point that nothing armed costs package runstate one atomic load.
+//
+// # A run in memory
+//
+// MemStore keeps a run in memory instead of a run directory's ledger: a
+// runstate.Store for unit tests. Each MemStore.Open starts a session on
+// its run, so that several Runs in one test share it as processes share a
+// directory (one writer lock, catch-up, ErrBusy, interrupted after Crash),
+// and MemStore.Crash is a power loss: it drops every line not yet made
+// durable and kills every session. Package runstatetest/storetest is the
+// conformance suite that the memory store, the file store and the
+// PostgreSQL store (module pgstore) pass.
 package runstatetest
 
 import (

@@ -1,0 +1,145 @@
+package runstate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Outputs across machines (DESIGN-pg.md §7). A Store whose Blobs is not nil
+// spans machines: each keeps its own local directory, and the bytes of
+// every recorded output are in the store too, content addressed. Complete
+// and Await store the bytes the store lacks before the record that names
+// them; Begin fetches the outputs of its After stages where the local copy
+// differs, and restores a done stage's missing or altered local copy (the
+// store's bytes are the truth; a person forces a redo with Invalidate).
+// With no Blobs (the file store) none of this runs.
+
+// storeOutputs puts the bytes of outs that the store lacks, read from the
+// local directory, before the record that names them is committed.
+func (r *Run) storeOutputs(ctx context.Context, outs []Output) error {
+	bs := r.store.Blobs()
+	if bs == nil || len(outs) == 0 {
+		return nil
+	}
+	sums := make([]string, len(outs))
+	for i, o := range outs {
+		sums[i] = o.SHA256
+	}
+	missing, err := bs.Missing(ctx, sums)
+	if err != nil {
+		return fmt.Errorf("runstate: store the outputs' bytes in %s: %w; nothing was recorded", r.store, err)
+	}
+	need := map[string]bool{}
+	for _, s := range missing {
+		need[s] = true
+	}
+	for _, o := range outs {
+		if !need[o.SHA256] {
+			continue
+		}
+		need[o.SHA256] = false // once per content
+		if err := r.putOutput(ctx, bs, o); err != nil {
+			return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
+		}
+	}
+	return nil
+}
+
+func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output) error {
+	f, err := openRegular(func(flag int) (*os.File, error) { return r.out.root.OpenFile(filepath.FromSlash(o.Path), flag, 0) })
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return bs.Put(ctx, o.SHA256, o.Size, f)
+}
+
+// afterOutputs returns the outputs of the stages ev names with After, as
+// the state s records them (under the lock, with the fingerprints).
+func (ev *evidence) afterOutputs(s *state) []Output {
+	var outs []Output
+	for _, dep := range ev.after {
+		if d := s.stages[dep]; d != nil {
+			outs = append(outs, d.Outputs...)
+		}
+	}
+	return outs
+}
+
+// fetchOutputs makes the local copy of each of outs what the record says,
+// from the store's bytes where it is missing or differs.
+func (r *Run) fetchOutputs(ctx context.Context, outs []Output) error {
+	bs := r.store.Blobs()
+	if bs == nil {
+		return nil
+	}
+	for _, o := range outs {
+		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
+			continue
+		}
+		if err := r.fetchOutput(ctx, bs, o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fetchOutput streams one output's bytes from the store into a temp file
+// in logs/tmp, checks them, and renames it into place.
+func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
+	if err := r.out.checkLanding(o.Path, false); err != nil {
+		return err
+	}
+	rc, err := bs.Get(ctx, o.SHA256)
+	if err != nil {
+		return fmt.Errorf("runstate: fetch output %s from %s: %w", o.Path, r.store, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	err = r.out.writeFrom(o.Path, func(w io.Writer) error {
+		n, err := io.Copy(io.MultiWriter(w, h), rc)
+		if err != nil {
+			return err
+		}
+		if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
+			return fmt.Errorf("%w: the store's bytes (%d) do not hash to the recorded sha256 %s", ErrCorrupt, n, o.SHA256)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("runstate: fetch output %s from %s: %w", o.Path, r.store, err)
+	}
+	return nil
+}
+
+// restoreOutputs restores a done stage's outputs whose local copy is
+// missing or altered (reason, from outputs.check) from the store's bytes.
+// It returns "" when the local copies are as recorded now, else why the
+// stage must run again (the reason, or that the store lacks the bytes).
+func (r *Run) restoreOutputs(ctx context.Context, outs []Output, reason string) string {
+	bs := r.store.Blobs()
+	if bs == nil || reason == "" {
+		return reason
+	}
+	for _, o := range outs {
+		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
+			continue
+		}
+		if err := r.fetchOutput(ctx, bs, o); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Sprintf("output %s missing from the shared store", o.Path)
+			}
+			r.log.Warn("runstate: could not restore an output from the store", "output", o.Path, "store", r.store.String(), "err", err)
+			return reason
+		}
+		r.log.Info("runstate: restored an output from the store", "output", o.Path, "store", r.store.String())
+	}
+	return r.out.check(outs)
+}
