@@ -121,11 +121,6 @@ func runBin(t *testing.T, args ...string) result {
 
 var opts = runstate.Options{Request: "add tests for the billing parser", Revision: "3f2a1c9", Environment: map[string]string{"env": "staging"}}
 
-// withOutputs: the script's stages write an output each. Off while the
-// library does not yet store a PostgreSQL run's outputs in its blobs
-// (Do fails: "a record names an output whose bytes are not in blobs").
-const withOutputs = false
-
 // script is the same sequence of calls for both stores: two stages done
 // with outputs, one awaiting a person, one effect unconfirmed.
 func script(t *testing.T, r *runstate.Run) {
@@ -137,9 +132,6 @@ func script(t *testing.T, r *runstate.Run) {
 		inputs []runstate.Input
 	}{{"inspect", nil}, {"plan", []runstate.Input{runstate.After("inspect")}}} {
 		require.NoError(t, r.Do(ctx, s.name, func(ctx context.Context, st *runstate.Stage) error {
-			if !withOutputs {
-				return nil
-			}
 			return st.WriteFile("artifacts/"+s.name+".md", []byte("output of "+s.name+"\n"))
 		}, s.inputs...))
 	}
@@ -161,8 +153,13 @@ type pair struct {
 
 func newPair(t *testing.T) *pair {
 	t.Helper()
+	return newPairIn(t, testDSN(t))
+}
+
+func newPairIn(t *testing.T, dsn string) *pair {
+	t.Helper()
 	ctx := context.Background()
-	p := &pair{dir: filepath.Join(t.TempDir(), "billing"), work: filepath.Join(t.TempDir(), "work"), dsn: testDSN(t)}
+	p := &pair{dir: filepath.Join(t.TempDir(), "billing"), work: filepath.Join(t.TempDir(), "work"), dsn: dsn}
 	p.addr = address(p.dsn, "billing")
 	o := opts
 	r, err := runstate.Open(p.dir, &o)
@@ -295,9 +292,7 @@ func TestExportIsAValidLedger(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "exported")
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "logs"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "logs", "ledger.jsonl"), []byte(res.out), 0o644))
-	if withOutputs {
-		require.NoError(t, os.CopyFS(filepath.Join(dir, "artifacts"), os.DirFS(filepath.Join(p.work, "artifacts"))))
-	}
+	require.NoError(t, os.CopyFS(filepath.Join(dir, "artifacts"), os.DirFS(filepath.Join(p.work, "artifacts"))))
 	rep, err := runstate.Verify(dir)
 	require.NoError(t, err)
 	for _, pr := range rep.Problems {
@@ -375,7 +370,11 @@ func (s *syncBuffer) String() string {
 
 func TestAddressErrorsSayWhatToDo(t *testing.T) {
 	dsn := testDSN(t)
-	res := runIn("status", dsn)
+	res := runIn("status", address(dsn, "billing"))
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, "no runstate schema", "a read command creates no schema: %s", res.err)
+	newPairIn(t, dsn) // a run named billing
+	res = runIn("status", dsn)
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.err, "names no run: add ?run=NAME")
 
@@ -392,6 +391,8 @@ func TestAddressErrorsSayWhatToDo(t *testing.T) {
 		res = runIn(args...)
 		assert.Equal(t, 1, res.code, "%v", cmd)
 		assert.Contains(t, res.err, `no run "typo"`, "%v", cmd)
+		assert.Contains(t, res.err, "the runs in schema t_", "%v: it names the runs there", cmd)
+		assert.Contains(t, res.err, ": billing", "%v: it names the runs there", cmd)
 	}
 	db, err := pgstore.Connect(context.Background(), dsn)
 	require.NoError(t, err)

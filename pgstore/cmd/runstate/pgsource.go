@@ -36,7 +36,9 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := pgstore.Connect(ctx, dsn)
+	// Read-only: a command never creates or upgrades the schema (the
+	// operator commands' sessions need a run, so a schema, that exists).
+	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("runstate: %s: %w", redact(addr), err)
 	}
@@ -95,16 +97,31 @@ func (s *pgSource) Ledger() string {
 	return fmt.Sprintf("table %s.records, run %s", s.db.Schema(), s.run)
 }
 
-// wrap adds the address to err and, for a run that is not there, what to
-// do.
+// wrap adds the address to err and, for a run that is not there, the
+// runs that are.
 func (s *pgSource) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
-	if strings.Contains(err.Error(), "no run") {
-		return fmt.Errorf("runstate: %s: %w (check run=NAME and schema=NAME in the address)", s.addr, err)
+	if errors.Is(err, pgstore.ErrNoRun) {
+		return fmt.Errorf("runstate: %s: %w; %s", s.addr, err, s.others())
 	}
 	return fmt.Errorf("runstate: %s: %w", s.addr, err)
+}
+
+// others says which runs the schema holds, for a run name that is not
+// among them.
+func (s *pgSource) others() string {
+	names, err := s.db.Runs(context.Background())
+	switch {
+	case err != nil:
+		return "check run=NAME and schema=NAME in the address"
+	case len(names) == 0:
+		return fmt.Sprintf("schema %s holds no run: check schema=NAME in the address", s.db.Schema())
+	case len(names) > 10:
+		return fmt.Sprintf("the runs in schema %s include %s ... (%d in all)", s.db.Schema(), strings.Join(names[:10], ", "), len(names))
+	}
+	return fmt.Sprintf("the runs in schema %s: %s", s.db.Schema(), strings.Join(names, ", "))
 }
 
 func (s *pgSource) Inspect(ctx context.Context) (*runstate.Status, error) {
