@@ -27,7 +27,7 @@ func init() {
 	register(contenderInfo{
 		name:  "pgstore",
 		order: 10,
-		about: "runstate pgstore: one Run.Do per checkpoint, output via Stage.WriteFile (blob in the database)",
+		about: "runstate pgstore: one Run.Do per checkpoint, its output via Stage.WriteFile (bytes also stored as a blob in the database)",
 		make:  func() contender { return &pgRun{} },
 		procs: true,
 		runs:  true,
