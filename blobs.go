@@ -21,6 +21,10 @@ import (
 // store's bytes are the truth; a person forces a redo with Invalidate).
 // With no Blobs (the file store) none of this runs.
 
+// putUnasked is the size up to which an output's bytes are put without
+// asking the store whether it has them.
+const putUnasked = 64 << 10
+
 // storeOutputs puts the bytes of outs that the store lacks, read from the
 // local directory, before the record that names them is committed.
 func (r *Run) storeOutputs(ctx context.Context, outs []Output) error {
@@ -28,17 +32,26 @@ func (r *Run) storeOutputs(ctx context.Context, outs []Output) error {
 	if bs == nil || len(outs) == 0 {
 		return nil
 	}
-	sums := make([]string, len(outs))
-	for i, o := range outs {
-		sums[i] = o.SHA256
-	}
-	missing, err := bs.Missing(ctx, sums)
-	if err != nil {
-		return fmt.Errorf("runstate: store the outputs' bytes in %s: %w; nothing was recorded", r.store, err)
-	}
+	// A small output is put without asking (Put is idempotent, and
+	// sending it costs what asking would); the store is asked which of
+	// the others it lacks.
 	need := map[string]bool{}
-	for _, s := range missing {
-		need[s] = true
+	var sums []string
+	for _, o := range outs {
+		if o.Size <= putUnasked {
+			need[o.SHA256] = true
+		} else {
+			sums = append(sums, o.SHA256)
+		}
+	}
+	if len(sums) > 0 {
+		missing, err := bs.Missing(ctx, sums)
+		if err != nil {
+			return fmt.Errorf("runstate: store the outputs' bytes in %s: %w; nothing was recorded", r.store, err)
+		}
+		for _, s := range missing {
+			need[s] = true
+		}
 	}
 	for _, o := range outs {
 		if !need[o.SHA256] {

@@ -54,7 +54,7 @@ func (l *logBuffer) String() string {
 }
 
 func faultOptions(ffs *faultfs.FS, log *logBuffer) *Options {
-	o := &Options{Request: "fault injection", fs: hookFS{ffs}}
+	o := &Options{Request: "fault injection", fs: ffs}
 	if log != nil {
 		o.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -11,38 +11,24 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/runstate/runstate/internal/testhook"
 )
 
-// fileSystem is the seam between runstate and the operating system for the
-// files runstate owns (the ledger, the projections, the temp files). Tests
-// replace it to inject faults (a full disk, a failed fsync, power loss); the
-// default is osFS. Locks are not part of it: they go through gofrs/flock.
-type fileSystem interface {
-	OpenFile(name string, flag int, perm fs.FileMode) (file, error)
-	Rename(oldpath, newpath string) error
-	Remove(name string) error
-	MkdirAll(path string, perm fs.FileMode) error
-	Stat(name string) (fs.FileInfo, error)
-	ReadDir(name string) ([]fs.DirEntry, error)
-	// SyncDir makes the directory's entries durable (a no-op on Windows).
-	SyncDir(dir string) error
-}
+// fileSystem is the seam between the file store and the operating system
+// for the files runstate owns (the ledger, the journal, the projections,
+// the temp files): the one fault seam. Tests replace it to inject faults (a
+// full disk, a failed fsync, power loss: internal/faultfs, through
+// testhook.SetFS or Options.fs); the default is osFS. It is testhook.FS,
+// whose types are exported so that a package outside runstate can
+// implement it. Locks are not part of it: they go through gofrs/flock.
+type fileSystem = testhook.FS
 
 // file is the part of *os.File that runstate uses. Sync makes the file's
 // data durable, with the metadata needed to read it back (its size), but
 // not its times: fdatasync(2) where the system has it. For an overwrite of
 // bytes already allocated (logs/ledger.wal) that writes no metadata.
-type file interface {
-	io.Reader
-	io.ReaderAt
-	io.Writer
-	io.WriterAt
-	io.Seeker
-	io.Closer
-	Sync() error
-	Truncate(size int64) error
-	Stat() (fs.FileInfo, error)
-}
+type file = testhook.File
 
 type osFS struct{}
 

@@ -1,10 +1,6 @@
 package runstate
 
 import (
-	"errors"
-	"io/fs"
-	"os"
-
 	"github.com/runstate/runstate/internal/testhook"
 )
 
@@ -14,12 +10,7 @@ import (
 func init() {
 	testhook.Crash = func(run any) { run.(*Run).crash() }
 	testhook.SetFS = func(opts any, fsys testhook.FS) {
-		o := opts.(*Options)
-		if fsys == nil {
-			o.fs = nil
-			return
-		}
-		o.fs = hookFS{fsys}
+		opts.(*Options).fs = fsys
 	}
 }
 
@@ -100,29 +91,4 @@ func completes(batch []*tx) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// hookFS adapts a testhook.FS to the fileSystem seam.
-type hookFS struct{ fs testhook.FS }
-
-func (h hookFS) OpenFile(name string, flag int, perm fs.FileMode) (file, error) {
-	f, err := h.fs.OpenFile(name, flag, perm)
-	if err != nil {
-		return nil, err
-	}
-	return f, nil
-}
-func (h hookFS) Rename(oldpath, newpath string) error         { return h.fs.Rename(oldpath, newpath) }
-func (h hookFS) Remove(name string) error                     { return h.fs.Remove(name) }
-func (h hookFS) MkdirAll(path string, perm fs.FileMode) error { return h.fs.MkdirAll(path, perm) }
-func (h hookFS) Stat(name string) (fs.FileInfo, error)        { return h.fs.Stat(name) }
-func (h hookFS) ReadDir(name string) ([]fs.DirEntry, error)   { return h.fs.ReadDir(name) }
-func (h hookFS) SyncDir(dir string) error                     { return h.fs.SyncDir(dir) }
-
-// Link makes hard links when the file system under test can.
-func (h hookFS) Link(oldname, newname string) error {
-	if l, ok := h.fs.(linker); ok {
-		return l.Link(oldname, newname)
-	}
-	return &os.LinkError{Op: "link", Old: oldname, New: newname, Err: errors.ErrUnsupported}
 }

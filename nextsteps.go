@@ -115,17 +115,25 @@ func (s *state) nextSteps(dir string) string {
 		}
 	}
 	b.WriteString("\n")
-	b.WriteString("look at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n")
-	b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
-	for _, part := range []string{"          runstate status ", dir, "; runstate log ", dir, "\n"} {
+	lead := "look at:  "
+	if !strings.Contains(dir, "://") { // a run directory, not a store's address
+		b.WriteString("look at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n")
+		b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
+		lead = "          "
+	}
+	for _, part := range []string{lead, "runstate status ", dir, "; runstate log ", dir, "\n"} {
 		b.WriteString(part) // no Fprintf: boxing dir would allocate on every append
 	}
 	return b.String()
 }
 
 // dirArg is the run directory as the handoff's commands name it: the
-// absolute path, quoted for a shell where it needs it (escape.Arg).
+// absolute path, quoted for a shell where it needs it (escape.Arg). A
+// store's address (postgres://...) is named as it is.
 func dirArg(dir string) string {
+	if strings.Contains(dir, "://") {
+		return escape.Arg(dir)
+	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 
@@ -209,6 +210,24 @@ func (r *Run) openRecords(s *state) ([]*Record, error) {
 	return recs, nil
 }
 
-// alive reports whether session may still be running, by the proof of the
-// batch under way (Batch.Alive). The caller holds stMu, in a batch.
-func (r *Run) alive(session string) bool { return r.cur.Alive(session) }
+// alive reports whether session may still be running: not when the state
+// holds its close record (or a record that it is gone), which proves it
+// without asking the store; else by the proof of the batch under way
+// (Batch.Alive). The caller holds stMu, in a batch.
+func (r *Run) alive(session string) bool {
+	if session == "" {
+		return false
+	}
+	if session != r.session && r.st.sessions[session] == nil {
+		return false // closed, or recorded as gone
+	}
+	return r.cur.Alive(session)
+}
+
+// operator names the person behind an operator action.
+func operator() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "unknown"
+}

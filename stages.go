@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os/user"
 	"slices"
 	"strings"
 	"time"
@@ -525,12 +524,4 @@ func (r *Run) Invalidate(ctx context.Context, stage, reason string) error {
 		return []*Record{{Ev: evInvalidate, Stage: stage, Reason: reason, By: by}}, nil
 	})
 	return err
-}
-
-// operator names the person behind an operator action.
-func operator() string {
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return u.Username
-	}
-	return "unknown"
 }

@@ -175,7 +175,9 @@ type Batch interface {
 	// have dropped the pages and cleared the error): the Run turns
 	// read-only and its callers are told the records may be lost.
 	// ErrSessionLost means the session's lease ended before the records
-	// became durable. ctx bounds a store that waits on a network.
+	// became durable. ctx bounds a store that waits on a network. With
+	// Options.NoSync the Run still calls Sync (a store checks what it
+	// must); the file store then makes no fsync.
 	Sync(ctx context.Context) error
 
 	// Publish replaces the projections that readers without the store
@@ -214,7 +216,9 @@ type TryLocker interface {
 // accepts more lines while a Sync is under way: the committer then writes
 // begin records (which need no fsync) during another batch's fsync instead
 // of making them wait for it, and lets calls whose records need no fsync
-// return before the batch's Sync. Only the file store is one.
+// return before the batch's Sync. Besides AppendWhileSyncing, the side
+// writer calls the Batch's Now and Alive while Sync runs on the leader's
+// goroutine. Only the file store is one.
 type SideWriter interface {
 	// AppendWhileSyncing is Append, called by another goroutine while
 	// Sync runs; the lines follow every line appended before.

@@ -367,7 +367,7 @@ func (s *dirStore) Read(ctx context.Context, from Position, fn func(line []byte)
 func (s *dirStore) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
 	live := make(map[string]bool, len(sessions))
 	for _, id := range sessions {
-		live[id] = s.alive(id)
+		live[id] = s.aliveBy(id, nil)
 	}
 	return live, nil
 }

@@ -77,7 +77,7 @@ func (s *dirStore) liveSessions() []string {
 	ents, _ := os.ReadDir(s.path(sessionsDir))
 	var live []string
 	for _, e := range ents {
-		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok && s.alive(id) {
+		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok && s.aliveBy(id, nil) {
 			live = append(live, id)
 		}
 	}
@@ -109,7 +109,12 @@ func (s *dirStore) liveSessions() []string {
 //
 // The caller holds the ledger lock, under which session lock files are
 // created, and the Run's state lock.
-func (s *dirStore) alive(session string) bool {
+func (s *dirStore) alive(session string) bool { return s.aliveBy(session, s.info) }
+
+// aliveBy is alive with the state looked up through info (nil: no state
+// to look in, as for Live and Repair, which may run beside the Run's
+// batches).
+func (s *dirStore) aliveBy(session string, info func(string) *SessionStatus) bool {
 	if session == "" {
 		return false
 	}
@@ -129,10 +134,10 @@ func (s *dirStore) alive(session string) bool {
 	if !isNotExist(err) {
 		return true // cannot tell: assume alive, the safe side
 	}
-	if s.info == nil {
+	if info == nil {
 		return true // no state to look in (Live, liveSessions): cannot tell
 	}
-	ss := s.info(session)
+	ss := info(session)
 	if ss == nil {
 		return false // closed (or already recorded as gone)
 	}

@@ -23,7 +23,7 @@ import (
 var grace = 10 * time.Second
 
 // batch is one append transaction on a pooled connection: the run's head
-// row locked FOR UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
+// row locked FOR NO KEY UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
 // (Abort). Not safe for concurrent use: the group-commit leader drives it.
 type batch struct {
 	s     *store
@@ -45,6 +45,10 @@ type batch struct {
 	to     runstate.Position
 	synced bool
 	done   bool
+	// inline: the small blobs this batch's COMMIT carries (blobs.go),
+	// taken once, so that a re-run of the commit carries them again.
+	inline []inlineBlob
+	took   bool
 }
 
 type recordRows struct {
@@ -64,7 +68,7 @@ type outputRows struct {
 }
 
 // Lock starts the batch's transaction in one pipelined round trip: BEGIN,
-// the head row FOR UPDATE (which serializes the run's writers on every
+// the head row FOR NO KEY UPDATE (which serializes the run's writers on every
 // machine), then, as statements of their own so that they run after the
 // wait for the row, the session's self-fence (its own lock must not be
 // takeable), the clock, and the records after from.
@@ -102,18 +106,74 @@ func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from r
 		return nil, s.db.connectError(err)
 	}
 	b := &batch{s: s, ses: ses, conn: conn, runID: runID}
-	if err := b.begin(ctx, from); err != nil {
+	if err := b.begin(ctx, from, false); err != nil {
 		b.release()
 		return nil, err
 	}
 	return b, nil
 }
 
-func (b *batch) begin(ctx context.Context, from runstate.Position) error {
+// TryLock is Lock without a wait (runstate.TryLocker): the head row is
+// locked FOR NO KEY UPDATE NOWAIT, and ok is false when another session holds it,
+// or when this session's lock connection is being re-established (Lock
+// waits for that). It saves the committer a hand-off to a goroutine per
+// batch.
+func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
+	ses, err := s.session()
+	if err != nil {
+		return nil, false, err
+	}
+	ses.mu.Lock()
+	conn, lost := ses.conn, ses.lost
+	ses.mu.Unlock()
+	if lost != nil {
+		return nil, false, lost
+	}
+	if conn == nil {
+		return nil, false, nil
+	}
+	ctx := context.Background()
+	runID, err := s.id(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	pc, err := s.db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, nil // Lock reports it
+	}
+	b := &batch{s: s, ses: ses, conn: pc, runID: runID}
+	err = b.begin(ctx, from, true)
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return b, true, nil
+	case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, _ = pc.Exec(cctx, "ROLLBACK") // keep the pooled connection
+		cancel()
+		b.release()
+		return nil, false, nil
+	case errors.Is(err, errRehold) || isConnError(err):
+		b.release()
+		return nil, false, nil // Lock waits and tries again
+	}
+	b.release()
+	return nil, false, err
+}
+
+func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) error {
 	db := b.s.db
 	var pb pgx.Batch
 	pb.Queue("BEGIN")
-	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
+	// FOR NO KEY UPDATE: exclusive among writers (and against FOR
+	// UPDATE), but not against the FOR KEY SHARE of other transactions'
+	// foreign-key checks on the row (a session's row, a projection), which
+	// FOR UPDATE would make wait and could deadlock with.
+	lock := "FOR NO KEY UPDATE"
+	if nowait {
+		lock = "FOR NO KEY UPDATE NOWAIT"
+	}
+	pb.Queue(db.sql(`SELECT last_seq, last_hash, last_end, last_len, last_at FROM {s}.runs WHERE id = $1 `+lock), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1), clock_timestamp(), now() - pg_postmaster_start_time() < $2::interval`,
 		b.ses.key, grace)
 	pb.Queue(db.sql(`SELECT seq, line FROM {s}.records WHERE run_id = $1 AND seq > $2 ORDER BY seq`), b.runID, from.Seq)
@@ -125,8 +185,11 @@ func (b *batch) begin(ctx context.Context, from runstate.Position) error {
 	var hash []byte
 	var lastAt *time.Time
 	if err := br.QueryRow().Scan(&b.head.Seq, &hash, &b.head.End, &b.head.LastLen, &lastAt); err != nil {
+		var pe *pgconn.PgError
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("pgstore: run %s is gone from %s.runs (deleted by hand?)", b.s.name, db.schema)
+		} else if errors.As(err, &pe) && pe.Code == "55P03" {
+			return err
 		}
 		return db.rightsError("lock run "+b.s.name, err)
 	}
@@ -405,6 +468,10 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	db := b.s.db
 	var pb pgx.Batch
+	if !b.took {
+		b.inline, b.took = b.s.blobs.take(), true
+	}
+	b.s.blobs.queueInline(&pb, b.inline)
 	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
 		headHash, _ := hex.DecodeString(b.head.Hash)
@@ -432,11 +499,17 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		b.committed()
 		return nil
 	case n == 0:
-		return b.s.db.connectError(err)
+		b.s.blobs.putBack(b.inline)
+		return b.s.db.rightsError("commit a batch of run "+b.s.name, err)
 	case !ambiguous(err):
+		b.s.blobs.putBack(b.inline)
 		return b.appendError(err)
 	}
-	return b.settle(ctx, err, lazy)
+	err = b.settle(ctx, err, lazy)
+	if err != nil {
+		b.s.blobs.putBack(b.inline) // Put again: idempotent
+	}
+	return err
 }
 
 // committed moves the batch's head past what it committed.

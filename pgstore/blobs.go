@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
@@ -18,12 +19,63 @@ import (
 const chunkSize = 1 << 20
 
 // MaxBlob caps one output's size in the database (DESIGN-pg.md §7): a
-// larger output needs a Blobs on an object store.
+// larger output needs a Blobs on an object store. Set it before Connect;
+// changing it while runs are open is a data race.
 var MaxBlob int64 = 256 << 20
+
+// inlineMax is the size up to which a blob rides in the next batch's
+// transaction instead of one of its own.
+const inlineMax = 64 << 10
 
 // blobStore keeps outputs content-addressed in blobs and blob_chunks,
 // shared by every run of the schema. Safe for concurrent use.
-type blobStore struct{ db *DB }
+type blobStore struct {
+	db *DB
+	s  *store // the session's store: its batches carry small blobs
+
+	mu      sync.Mutex
+	pending []inlineBlob // Put, not yet committed with a batch
+}
+
+// inlineBlob is a small blob waiting for the next batch's COMMIT.
+type inlineBlob struct {
+	sum  []byte
+	data []byte
+}
+
+// take hands the pending small blobs to a batch.
+func (b *blobStore) take() []inlineBlob {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.pending
+	b.pending = nil
+	return p
+}
+
+// putBack returns the small blobs of a batch that did not commit.
+func (b *blobStore) putBack(p []inlineBlob) {
+	if len(p) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pending = append(p, b.pending...)
+}
+
+// queueInline queues the inserts of small blobs into a batch's round trip.
+func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
+	if len(blobs) == 0 {
+		return
+	}
+	sums := make([][]byte, len(blobs))
+	datas := make([][]byte, len(blobs))
+	sizes := make([]int64, len(blobs))
+	for i, x := range blobs {
+		sums[i], datas[i], sizes[i] = x.sum, x.data, int64(len(x.data))
+	}
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d) ON CONFLICT DO NOTHING`), sums, datas)
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), sums, sizes)
+}
 
 // Missing returns those of sha256s (hex) that the database does not hold.
 func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, error) {
@@ -40,6 +92,11 @@ func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, er
 		return nil, b.db.rightsError("look up blobs", err)
 	}
 	have := map[string]bool{}
+	b.mu.Lock()
+	for _, p := range b.pending {
+		have[hex.EncodeToString(p.sum)] = true
+	}
+	b.mu.Unlock()
 	for rows.Next() {
 		var sum []byte
 		if err := rows.Scan(&sum); err != nil {
@@ -68,12 +125,16 @@ func decodeSum(s string) ([]byte, error) {
 	return sum, nil
 }
 
-// Put stores r's bytes as the blob sum (hex) of size bytes, in 1 MiB
-// chunks, in one transaction committed with synchronous_commit off: the
-// record that references it (its stage's complete) is committed
-// synchronously after it, and WAL is flushed in order, so the blob is
-// durable when that record is. r must yield exactly size bytes hashing to
-// sum, or nothing is stored. Put is idempotent.
+// Put stores r's bytes as the blob sum (hex) of size bytes. r must yield
+// exactly size bytes hashing to sum, or nothing is stored. Put is
+// idempotent. A blob of at most 64 KiB, put by a session, is written with
+// that session's next batch (the one that records the output, or an
+// earlier one), in its transaction: no round trip of its own, and never a
+// record without its bytes. A larger one goes in 1 MiB chunks in a
+// transaction of its own, committed with synchronous_commit off: the
+// record that names it commits synchronously after it, and WAL is flushed
+// in order, so the blob is durable when that record is (a departure from
+// runstate.Blobs' "durably when it returns" that no record can observe).
 func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader) error {
 	want, err := decodeSum(sum)
 	if err != nil {
@@ -81,6 +142,16 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 	}
 	if size > MaxBlob {
 		return fmt.Errorf("%w: an output of %d bytes is more than the %d bytes pgstore keeps in the database (pgstore.MaxBlob)", runstate.ErrInvalid, size, MaxBlob)
+	}
+	if size <= inlineMax && b.s != nil && b.s.opened() {
+		data, err := readExactly(sum, size, r)
+		if err != nil {
+			return err
+		}
+		b.mu.Lock()
+		b.pending = append(b.pending, inlineBlob{sum: want, data: data})
+		b.mu.Unlock()
+		return nil
 	}
 	if size <= chunkSize {
 		return b.putSmall(ctx, sum, want, size, r)
@@ -133,12 +204,9 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 
 // putSmall stores a blob of one chunk in one round trip.
 func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size int64, r io.Reader) error {
-	data, err := io.ReadAll(io.LimitReader(r, size+1))
+	data, err := readExactly(sum, size, r)
 	if err != nil {
-		return fmt.Errorf("pgstore: blob %s: %w", sum, err)
-	}
-	if h := sha256.Sum256(data); int64(len(data)) != size || hex.EncodeToString(h[:]) != sum {
-		return fmt.Errorf("pgstore: blob %s: got %d bytes with another hash (the file changed while it was stored?); nothing was stored", sum, len(data))
+		return err
 	}
 	var pb pgx.Batch
 	pb.Queue("BEGIN")
@@ -150,6 +218,18 @@ func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size 
 		return b.db.rightsError("store blob "+sum, err)
 	}
 	return nil
+}
+
+// readExactly reads a small blob whole and checks it.
+func readExactly(sum string, size int64, r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, size+1))
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: blob %s: %w", sum, err)
+	}
+	if h := sha256.Sum256(data); int64(len(data)) != size || hex.EncodeToString(h[:]) != sum {
+		return nil, fmt.Errorf("pgstore: blob %s: got %d bytes with another hash (the file changed while it was stored?); nothing was stored", sum, len(data))
+	}
+	return data, nil
 }
 
 // Get streams the blob sum (hex), one chunk per query, checking its hash

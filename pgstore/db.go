@@ -104,7 +104,7 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 // Close is idempotent and safe for concurrent use.
 func (db *DB) Close() { db.pool.Close() }
 
-// Schema is the name of the schema db uses.
+// Schema is the name of the schema db uses. Safe for concurrent use.
 func (db *DB) Schema() string { return db.schema }
 
 // splitSchema removes the schema parameter from a URL DSN. A key=value DSN

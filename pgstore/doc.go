@@ -1,2 +1,63 @@
-// Package pgstore keeps runstate runs in PostgreSQL.
+// Package pgstore keeps runstate runs in PostgreSQL, so that agent fleets
+// on several machines share one run with the guarantees of a run
+// directory: gapless seq, the hash chain, one complete per stage attempt,
+// ErrBusy for a stage a live session holds, interrupted when a session (or
+// its machine) dies, no repeat of a confirmed effect.
+//
+//	db, err := pgstore.Connect(ctx, "postgres://agent@db:5432/agents?schema=runstate")
+//	defer db.Close()
+//	run, err := db.Open(ctx, "billing-2026-11-29", workDir, &runstate.Options{Request: "..."})
+//	// run is a *runstate.Run: Plan, Do, Begin, Effect, Approve ... as on a directory.
+//	st, err := db.Inspect(ctx, "billing-2026-11-29") // read-only, no session, no lock
+//
+// # Records
+//
+// A record is stored as its exact ledger line (bytea) with its sha256, in
+// records(run_id, seq); Export writes the lines back as a valid
+// logs/ledger.jsonl, byte for byte, and the core's decoder, chain check and
+// Verify read them unchanged. The run's head row (runs: last seq, hash,
+// end) is locked FOR NO KEY UPDATE by every append batch, which serializes
+// the run's writers on every machine; each batch is one transaction: one
+// pipelined round trip to lock the head, probe the session's own lock and
+// read what others appended, one to insert the records, move the head
+// (compare-and-set) and COMMIT. A batch that acknowledges something (a
+// complete, fail, effect) commits with synchronous_commit on: when the
+// call returns, its records are in the server's WAL on disk. A batch of
+// begins alone commits with synchronous_commit off: visible at once, and
+// durable with the next synchronous commit (WAL is flushed in order), as a
+// run directory's unsynced begin is.
+//
+// # Sessions
+//
+// Each session holds a session-level advisory lock (key: the first 8
+// bytes of sha256("runstate/session/"+id)) on a connection of its own,
+// opened with tcp_keepalives and tcp_user_timeout=10000, and pinged every
+// second. Another session that can take the lock knows the session is
+// gone: within milliseconds of a SIGKILL (the server sees the socket
+// close), within about 10 s of its machine vanishing (tcp_user_timeout).
+// Every append batch checks, under the head row lock, that its own session
+// still holds its lock, so a session cut off can no longer append
+// (runstate.ErrSessionLost once it is lost for good). A session whose lock
+// connection died takes its lock back (under the head row lock) unless a
+// record names it gone meanwhile; after 10 s without it, it is lost. A
+// server that started less than 10 s ago lost every lock with its restart:
+// within that grace a session opened before the restart counts as alive.
+//
+// # Outputs
+//
+// Outputs stay files in each machine's work dir; their bytes are also
+// kept in the database, content addressed (blobs, blob_chunks of 1 MiB),
+// stored before the record that names them (a foreign key makes a
+// complete without its bytes impossible). Begin on another machine fetches
+// its After stages' outputs, and restores a done stage's missing or
+// altered local copy. MaxBlob caps one output (256 MiB).
+//
+// # Schema
+//
+// Connect creates the schema (default "runstate", schema=NAME in the DSN)
+// and applies the embedded migrations under an advisory lock;
+// ConnectReadOnly never writes. Each run is a row of runs (name UNIQUE);
+// records, outputs, blobs, blob_chunks, sessions and projections (the
+// newest manifest snapshot, from which Open resumes, and handoff text)
+// hold the rest. Every DB method is safe for concurrent use.
 package pgstore

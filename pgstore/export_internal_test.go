@@ -127,3 +127,34 @@ func TestVerifyFindsHeadRowOffTheRecords(t *testing.T) {
 	require.Len(t, rep.Problems, 1)
 	assert.Contains(t, rep.Problems[0].What, "head row")
 }
+
+// A run written through pgstore exports as a ledger runstate.Verify passes.
+func TestExportOfARunWrittenHereVerifies(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "export"})
+	require.NoError(t, err)
+	require.NoError(t, r.Plan(ctx, "a", "b"))
+	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out/a.txt", []byte("a\n"))
+	}))
+	require.NoError(t, r.Skip(ctx, "b", "not needed"))
+	require.NoError(t, r.Close())
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "logs"), 0o755))
+	f, err := os.Create(filepath.Join(dir, "logs", "ledger.jsonl"))
+	require.NoError(t, err)
+	require.NoError(t, db.Export(ctx, "r", f))
+	require.NoError(t, f.Close())
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	for _, p := range rep.Problems {
+		assert.NotEqual(t, "ledger.jsonl", filepath.Base(p.File), "%v", p)
+	}
+	status, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, "export", status.Request)
+	require.Len(t, status.Stages, 2)
+	assert.Equal(t, runstate.StateComplete, status.Stages[0].State)
+	assert.Equal(t, runstate.StateSkipped, status.Stages[1].State)
+}

@@ -21,7 +21,8 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// SchemaVersion is the newest schema version this package knows.
+// SchemaVersion is the newest schema version this package knows (the
+// number of embedded migrations); read it, never set it.
 var SchemaVersion = len(must(fs.Glob(migrations, "migrations/*.sql")))
 
 func must[T any](v T, err error) T {

@@ -211,7 +211,7 @@ func (s *session) tryRehold(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, s.db.sql("SELECT 1 FROM {s}.runs WHERE id = $1 FOR UPDATE"), s.runID); err != nil {
+	if _, err := tx.Exec(ctx, s.db.sql("SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE"), s.runID); err != nil {
 		return err
 	}
 	var seq int64
@@ -320,14 +320,33 @@ func (s *session) close(clean bool) {
 	if conn == nil {
 		return
 	}
-	if !clean {
-		closeNow(conn)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = conn.Exec(ctx, s.db.sql("DELETE FROM {s}.sessions WHERE id = $1"), s.id)
+	if !clean {
+		closeNow(conn)
+		// The server frees the lock once it sees the socket closed, a
+		// moment later: wait for that, so that the next session finds
+		// this one gone as it would a killed process's (tests).
+		for ctx.Err() == nil && s.lockHeld(ctx) {
+			time.Sleep(time.Millisecond)
+		}
+		return
+	}
+	// Unlocked before Close returns (a Terminate message alone frees the
+	// lock only when the server process ends, a moment later).
+	var pb pgx.Batch
+	pb.Queue(s.db.sql("DELETE FROM {s}.sessions WHERE id = $1"), s.id)
+	pb.Queue("SELECT pg_advisory_unlock($1)", s.key)
+	_ = conn.SendBatch(ctx, &pb).Close()
 	_ = conn.Close(ctx)
+}
+
+// lockHeld reports whether the session's lock is held, from pg_locks.
+func (s *session) lockHeld(ctx context.Context) bool {
+	var n int
+	err := s.db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, s.key).Scan(&n)
+	return err != nil || n > 0
 }
 
 // closeNow closes conn's socket without the protocol's goodbye, as a

@@ -32,7 +32,9 @@ type store struct {
 // suite). Nothing is read or written until it is used. It is safe for
 // concurrent use; one store serves one session (OpenStore opens it once).
 func (db *DB) Store(run string) runstate.Store {
-	return &store{db: db, name: run, blobs: &blobStore{db: db}}
+	s := &store{db: db, name: run}
+	s.blobs = &blobStore{db: db, s: s}
+	return s
 }
 
 // Open creates the run's row when it is missing (exactly one creator among
@@ -235,6 +237,13 @@ func (s *store) connect(ctx context.Context) (*pgx.Conn, error) {
 // String names the run in the database, for errors.
 func (s *store) String() string {
 	return fmt.Sprintf("run %q in schema %s of %s", s.name, s.db.schema, s.db.where)
+}
+
+// opened reports whether a session opened the store.
+func (s *store) opened() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ses != nil
 }
 
 // session returns the open session, or an error for a reader.

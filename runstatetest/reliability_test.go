@@ -36,6 +36,7 @@ type figures struct {
 	corrupted    int // corruptions injected into the middle of a ledger
 	detected     int // of them, reported by Verify and refused by Open, or restored from the journal
 	restored     int // of those, in bytes logs/ledger.wal held whole: Open wrote them back
+	moved        int // of those, in bytes the journal held but moving records after its last: refused
 	tornInjected int // torn last lines injected
 	tornCut      int // of them, cut by the next Open with nothing acknowledged lost
 
@@ -176,6 +177,7 @@ func TestReliabilityReport(t *testing.T) {
 	row("    refused: damage after every acknowledged record", f.powerLossRefused)
 	row("injected corruptions detected / injected", fmt.Sprintf("%d / %d", f.detected, f.corrupted))
 	row("  of them in bytes the journal held whole, restored by Open", f.restored)
+	row("  refused: they moved records the journal does not hold (a hand edit)", f.moved)
 	row("torn tails cut, nothing else lost / injected", fmt.Sprintf("%d / %d", f.tornCut, f.tornInjected))
 	t.Log("\n" + b.String())
 

@@ -1,0 +1,62 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPerfCheckpoint prints the median time of one checkpoint (Do with one
+// small output) against one raw INSERT transaction of a ~300-byte row with
+// synchronous_commit on, in alternating rounds on one server. It runs only
+// with RUNSTATE_PG_PERF=1 (it measures, it asserts nothing but that both
+// ran): RUNSTATE_PG_PERF=1 go test -run TestPerfCheckpoint -v .
+func TestPerfCheckpoint(t *testing.T) {
+	if os.Getenv("RUNSTATE_PG_PERF") == "" {
+		t.Skip("set RUNSTATE_PG_PERF=1 to measure")
+	}
+	db := newTestDB(t)
+	ctx := context.Background()
+	_, err := db.pool.Exec(ctx, db.sql(`CREATE TABLE {s}.raw (id bigserial PRIMARY KEY, line bytea NOT NULL)`))
+	require.NoError(t, err)
+	row := []byte(strings.Repeat("x", 300))
+	conn, err := db.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	run, err := db.Open(ctx, "perf", t.TempDir(), &runstate.Options{Request: "perf"})
+	require.NoError(t, err)
+	defer run.Close()
+	const rounds, n = 10, 200
+	var raw, cp []time.Duration
+	k := 0
+	for round := range rounds {
+		for _, which := range []int{round % 2, 1 - round%2} {
+			for range n {
+				start := time.Now()
+				if which == 0 {
+					_, err = conn.Exec(ctx, db.sql(`INSERT INTO {s}.raw (line) VALUES ($1)`), row)
+					require.NoError(t, err)
+					raw = append(raw, time.Since(start))
+				} else {
+					k++
+					err = run.Do(ctx, fmt.Sprintf("s%d", k), func(ctx context.Context, st *runstate.Stage) error {
+						return st.WriteFile(fmt.Sprintf("out/%d.txt", k), []byte(fmt.Sprintf("result %d\n", k)))
+					})
+					require.NoError(t, err)
+					cp = append(cp, time.Since(start))
+				}
+			}
+		}
+	}
+	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	p99 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)*99/100] }
+	t.Logf("raw INSERT transaction: median %v p99 %v; checkpoint (Do + one small output): median %v p99 %v; ratio %.2f (%d rounds x %d, alternating)",
+		med(raw), p99(raw), med(cp), p99(cp), float64(med(cp))/float64(med(raw)), rounds, n)
+}
