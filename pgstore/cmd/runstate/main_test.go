@@ -186,14 +186,16 @@ var (
 
 // normal is a -json output with what differs between two runs of the same
 // calls made equal: ids, times, hashes (the chain's, as the records hold
-// times and ids), the address, and the figures that depend on the bytes or
-// the clock (ledger bytes, time to handoff).
+// times and ids), the address, the handoff's "look at" lines (where the
+// store keeps the run), and the figures that depend on the bytes or the
+// clock (ledger bytes, time to handoff).
 func normal(t *testing.T, text string) string {
 	t.Helper()
 	text = reUUID.ReplaceAllString(text, "ID")
 	text = reTime.ReplaceAllString(text, "TIME")
 	text = reHash.ReplaceAllString(text, "HASH")
 	text = reAddr.ReplaceAllString(text, "$1 ADDR")
+	text = reLookAt.ReplaceAllString(text, "look at: WHERE")
 	var out []string
 	dec := json.NewDecoder(strings.NewReader(text))
 	for {
@@ -235,6 +237,11 @@ func scrub(v any) any {
 
 // reAddr is the run's directory or address in the handoff's commands.
 var reAddr = regexp.MustCompile(`(runstate (?:approve|resolve|invalidate|status|log|verify|next)) ('[^']*'|[^\s;'"\\]+)`)
+
+// reLookAt is the handoff's last paragraph, which names where the store
+// keeps the run (a directory's files; a database's commands), up to the end
+// of the JSON string.
+var reLookAt = regexp.MustCompile(`look at:(?:[^"\\]|\\.)*`)
 
 // reShort is a session's short form in texts (the last 8 hex digits of
 // its id), which the id regexp left.
