@@ -44,6 +44,7 @@ type batch struct {
 	outs   outputRows
 	to     runstate.Position
 	synced bool
+	failed bool // Sync failed: Unlock and Abort only roll back
 	done   bool
 	// inline: the small blobs this batch's COMMIT carries (blobs.go),
 	// taken once, so that a re-run of the commit carries them again.
@@ -90,14 +91,27 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 		if err == nil {
 			return b, nil
 		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, s.waitError(ctx, cerr)
+		}
 		// Nothing was written: a batch whose session was re-holding its
 		// lock, or whose pooled connection had died (a server restart),
 		// is tried again.
-		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+		if try < 3 && (errors.Is(err, errRehold) || isConnError(err)) {
 			continue
 		}
 		return nil, err
 	}
+}
+
+// waitError is Lock's error when ctx ended first: it wraps ctx's error
+// (and runstate.ErrLockTimeout for a deadline) and says who held the run.
+func (s *store) waitError(ctx context.Context, cerr error) error {
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w: the head row of %s was held by another session's batch (see pg_stat_activity for its client); nothing was recorded",
+			runstate.ErrLockTimeout, cerr, s)
+	}
+	return fmt.Errorf("%w: waiting for the head row of %s; nothing was recorded", cerr, s)
 }
 
 func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from runstate.Position) (*batch, error) {
@@ -371,6 +385,8 @@ func (b *batch) Sync(ctx context.Context) error {
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
+	} else {
+		b.failed = true
 	}
 	return err
 }
@@ -395,6 +411,12 @@ func (b *batch) Unlock() error {
 	if b.synced {
 		return nil
 	}
+	if b.failed {
+		// Nothing of it committed (or its outcome is the sticky error
+		// Sync returned): the records are not sent again.
+		b.rollback()
+		return nil
+	}
 	return b.commit(context.Background(), true)
 }
 
@@ -407,12 +429,27 @@ func (b *batch) Abort() error {
 	if b.synced {
 		return nil
 	}
+	if b.failed {
+		b.rollback()
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := b.conn.Exec(ctx, "ROLLBACK"); err != nil {
 		return b.s.db.connectError(err)
 	}
 	return nil
+}
+
+// rollback ends a transaction whose commit failed, best effort (a broken
+// connection is dropped by the pool at release).
+func (b *batch) rollback() {
+	if b.conn.Conn().PgConn().IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = b.conn.Exec(ctx, "ROLLBACK")
 }
 
 func (b *batch) release() {

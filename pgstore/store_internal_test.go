@@ -231,3 +231,60 @@ func TestBlobsRoundTrip(t *testing.T) {
 	assert.True(t, errors.Is(err, runstate.ErrInvalid), "%v", err)
 	assert.Contains(t, err.Error(), "MaxBlob")
 }
+
+// Lock waits as long as its context allows for a batch another session
+// holds, then fails with the context's error and ErrLockTimeout.
+func TestStoreLockWaitEndsWithItsContext(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, b := db.Store("r"), db.Store("r")
+	sa, sb := newSession(t), newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	_, _, err = b.Open(ctx, sb)
+	require.NoError(t, err)
+	defer b.Close(true)
+	held, err := a.Lock(ctx, runstate.Position{})
+	require.NoError(t, err)
+	defer held.Abort()
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = b.Lock(wctx, runstate.Position{})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, runstate.ErrLockTimeout)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	tl, ok, err := b.(runstate.TryLocker).TryLock(runstate.Position{})
+	require.NoError(t, err)
+	assert.False(t, ok, "TryLock does not wait")
+	assert.Nil(t, tl)
+}
+
+// A batch whose Sync failed (here: an output without its bytes) is not
+// sent again by Unlock; nothing of it is recorded, and the next batch goes
+// on from the same place.
+func TestStoreFailedSyncIsNotResentByUnlock(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a := db.Store("r")
+	sa := newSession(t)
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	defer a.Close(true)
+	b, err := a.Lock(ctx, runstate.Position{})
+	require.NoError(t, err)
+	line := fmt.Sprintf(`{"seq":1,"at":"2026-12-01T00:00:00Z","ev":"complete","session":%q,"stage":"s","attempt":1,"prev":""}`, sa)
+	to := runstate.Position{Seq: 1, Hash: lineHash([]byte(line)), End: int64(len(line) + 1), LastLen: int64(len(line) + 1), CRC: true}
+	rec := &runstate.Record{Seq: 1, Ev: "complete", Stage: "s", Attempt: 1, Session: sa, At: b.Now(),
+		Outputs: []runstate.Output{{Path: "x", SHA256: lineHash([]byte("never stored")), Size: 12}}}
+	require.NoError(t, b.Append([]*runstate.Record{rec}, []byte(line+"\n"), to))
+	err = b.Sync(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "store them first")
+	assert.NoError(t, b.Unlock())
+	assert.Empty(t, readAll(t, a))
+	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
+	assert.Equal(t, int64(1), pos.Seq)
+}
