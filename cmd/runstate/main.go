@@ -7,16 +7,17 @@
 //
 //	runstate COMMAND [flags] DIR [args]
 //
-// The read commands (status, log, verify, next, metrics) take no lock and
-// write nothing, so they are safe to run while agents work on the run; each
-// takes -json for a stable machine-readable shape. The operator commands
-// (approve, invalidate, resolve) append one ledger record each, through the
-// library, exactly as the agent's own calls would. repair cuts a torn
-// ledger tail and rebuilds the projections. The pipeline commands (exec,
-// effect, plan, skip, await) let a program in any language write a run: a
-// command as a stage, a side effect once. ls lists many runs. The writing
-// commands wait for the ledger lock at most -timeout (30s by default); when
-// they give up they say which process holds it.
+// The read commands (status, log, verify, next, metrics, export) take no
+// lock and write nothing, so they are safe to run while agents work on the
+// run; each but export takes -json for a stable machine-readable shape.
+// The operator commands (approve, invalidate, resolve) append one ledger
+// record each, through the library, exactly as the agent's own calls
+// would. repair cuts a torn ledger tail and rebuilds the projections. The
+// pipeline commands (exec, effect, plan, skip, await) let a program in any
+// language write a run: a command as a stage, a side effect once. ls lists
+// many runs. The writing commands wait for the ledger lock at most
+// -timeout (30s by default); when they give up they say which process
+// holds it.
 //
 // Exit status: 0 when all is well; 1 when a check failed or the command
 // could not do what was asked; 2 for a usage error; 3 when status or ls
@@ -25,219 +26,14 @@
 // error.
 //
 // Run 'runstate help' for the commands and 'runstate help COMMAND' (or
-// 'runstate COMMAND -h') for one of them. README-CLI.md has examples.
+// 'runstate COMMAND -h') for one of them. README.md has examples.
+//
+// This command reads run directories. The same command for runs stored in
+// PostgreSQL, which also takes postgres://…?run=NAME wherever it takes
+// DIR, is github.com/runstate/runstate/pgstore/cmd/runstate; both are thin
+// mains over the package github.com/runstate/runstate/cli.
 package main
 
-import (
-	"errors"
-	"flag"
-	"fmt"
-	"io"
-	"os"
-	"strings"
+import "github.com/runstate/runstate/cli"
 
-	"github.com/runstate/runstate/internal/escape"
-)
-
-// Exit codes.
-const (
-	exitOK      = 0
-	exitFail    = 1 // a check failed, or an error
-	exitUsage   = 2 // the command line is wrong
-	exitBlocked = 3 // status: something blocks the run
-)
-
-// cli is one invocation: where output and messages go.
-type cli struct {
-	out io.Writer
-	err io.Writer
-}
-
-// command is one subcommand. setup defines its flags on fs and returns the
-// function that runs it with the positional arguments.
-type command struct {
-	name     string
-	synopsis string // after "runstate NAME "
-	short    string // one line for 'runstate help'
-	long     string // the paragraph(s) for 'runstate help NAME'
-	min, max int    // positional arguments; max < 0: no limit
-	// argv: the command line ends with "-- CMD [ARGS...]", passed after
-	// the positional arguments and never parsed as flags.
-	argv  bool
-	setup func(fs *flag.FlagSet) func(c *cli, args []string) int
-}
-
-// commands lists the subcommands in the order 'runstate help' shows them.
-var commands []*command
-
-func init() {
-	commands = []*command{
-		statusCmd, logCmd, verifyCmd, nextCmd, metricsCmd,
-		approveCmd, invalidateCmd, resolveCmd, repairCmd,
-		execCmd, effectCmd, planCmd, skipCmd, awaitCmd, lsCmd,
-	}
-}
-
-func lookup(name string) *command {
-	for _, c := range commands {
-		if c.name == name {
-			return c
-		}
-	}
-	return nil
-}
-
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// run executes the command line args and returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
-	c := &cli{out: stdout, err: stderr}
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage())
-		return exitUsage
-	}
-	name := args[0]
-	switch name {
-	case "help", "-h", "-help", "--help":
-		if name == "help" && len(args) > 1 {
-			cmd := lookup(args[1])
-			if cmd == nil {
-				fmt.Fprintf(stderr, "runstate: unknown command %q; run 'runstate help'\n", args[1])
-				return exitUsage
-			}
-			fmt.Fprint(stdout, cmdHelp(cmd))
-			return exitOK
-		}
-		fmt.Fprint(stdout, usage())
-		return exitOK
-	}
-	cmd := lookup(name)
-	if cmd == nil {
-		fmt.Fprintf(stderr, "runstate: unknown command %q; run 'runstate help'\n", name)
-		return exitUsage
-	}
-	fs := flag.NewFlagSet("runstate "+cmd.name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	runFn := cmd.setup(fs)
-	args, argv, dashes := splitArgv(cmd, args[1:])
-	pos, err := parseInterleaved(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, cmdHelp(cmd))
-		return exitOK
-	}
-	if err != nil {
-		return c.usageError(cmd.name, err.Error())
-	}
-	switch {
-	case cmd.argv && !dashes:
-		return c.usageError(cmd.name, "missing -- before the command to run (runstate "+cmd.name+" ... -- CMD ARGS)")
-	case cmd.argv && (len(argv) == 0 || argv[0] == ""):
-		return c.usageError(cmd.name, "no command after --")
-	case len(pos) < cmd.min:
-		return c.usageError(cmd.name, "missing arguments")
-	case cmd.max >= 0 && len(pos) > cmd.max:
-		return c.usageError(cmd.name, fmt.Sprintf("too many arguments: %s", strings.Join(pos[cmd.max:], " ")))
-	}
-	for _, p := range pos {
-		if p == "" {
-			return c.usageError(cmd.name, "empty argument")
-		}
-	}
-	if cmd.argv {
-		pos = append(pos, argv...)
-	}
-	return runFn(c, pos)
-}
-
-// parseInterleaved parses flags that may come before, between or after
-// the positional arguments (Go's flag package stops at the first
-// non-flag), and returns the positional ones. Everything after "--" is
-// positional.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
-// usageError reports a bad command line and returns exitUsage.
-func (c *cli) usageError(name, msg string) int {
-	cmd := lookup(name)
-	fmt.Fprintf(c.err, "runstate %s: %s\nusage: runstate %s %s\nrun 'runstate help %s' for more\n", cmd.name, escape.Page(msg), cmd.name, cmd.synopsis, cmd.name)
-	return exitUsage
-}
-
-// fail prints err on standard error and returns exitFail. The message may
-// quote a record (a stage's error, a name): what could act on a terminal
-// is escaped (escape.Page).
-func (c *cli) fail(err error) int {
-	msg := err.Error()
-	if !strings.HasPrefix(msg, "runstate") {
-		msg = "runstate: " + msg
-	}
-	fmt.Fprintln(c.err, escape.Page(msg))
-	return exitFail
-}
-
-func usage() string {
-	var b strings.Builder
-	b.WriteString(`runstate shows and operates run directories written by the runstate library.
-
-usage: runstate COMMAND [flags] DIR [args]
-
-`)
-	groups := []struct {
-		title string
-		names []string
-	}{
-		{"Read commands (no lock, nothing written; each takes -json):", []string{"status", "log", "verify", "next", "metrics"}},
-		{"Operator commands (each appends one ledger record):", []string{"approve", "invalidate", "resolve"}},
-		{"Maintenance:", []string{"repair"}},
-		{"Pipeline commands (any language: stages and side effects as commands):", []string{"exec", "effect", "plan", "skip", "await"}},
-		{"Many runs:", []string{"ls"}},
-	}
-	for _, g := range groups {
-		b.WriteString(g.title + "\n")
-		for _, n := range g.names {
-			cmd := lookup(n)
-			fmt.Fprintf(&b, "  %-11s %s\n", cmd.name, cmd.short)
-		}
-		b.WriteString("\n")
-	}
-	b.WriteString(`Flags may come before or after the arguments.
-Exit status: 0 all well; 1 a check failed or an error; 2 usage error;
-3 status or ls found something that blocks a run. exec, effect and
-await have their own (see 'runstate help exec').
-
-Run 'runstate help COMMAND' or 'runstate COMMAND -h' for one command.
-`)
-	return b.String()
-}
-
-func cmdHelp(cmd *command) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "usage: runstate %s %s\n\n%s\n", cmd.name, cmd.synopsis, strings.TrimSpace(cmd.long))
-	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
-	cmd.setup(fs)
-	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n > 0 {
-		b.WriteString("\nflags:\n")
-		fs.SetOutput(&b)
-		fs.PrintDefaults()
-	}
-	return b.String()
-}
+func main() { cli.Main(nil) }

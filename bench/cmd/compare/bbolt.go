@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -17,7 +19,7 @@ var boltBucket = []byte("checkpoints")
 // transaction (bbolt's group commit) at the price of waiting up to
 // MaxBatchDelay (10 ms) for company.
 type boltDB struct {
-	fw    fileWork
+	fw    kit.FileWork
 	db    *bolt.DB
 	batch bool
 }
@@ -39,7 +41,7 @@ func init() {
 }
 
 func (c *boltDB) Open(_ context.Context, dir string) error {
-	fw, err := newFileWork(dir)
+	fw, err := kit.NewFileWork(dir, writeOutputs)
 	if err != nil {
 		return err
 	}
@@ -58,11 +60,11 @@ func (c *boltDB) Checkpoints(_ context.Context, first, n int, lat []time.Duratio
 	for k := range n {
 		id := first + k
 		t0 := time.Now()
-		data := outputData(id)
-		if err := c.fw.write(id, data); err != nil {
+		data := kit.OutputData(id)
+		if err := c.fw.Write(id, data); err != nil {
 			return err
 		}
-		key, rec := []byte(stageName(id)), checkpointRecord(id, data)
+		key, rec := []byte(kit.StageName(id)), kit.CheckpointRecord(id, data)
 		put := func(tx *bolt.Tx) error { return tx.Bucket(boltBucket).Put(key, rec) }
 		var err error
 		if c.batch {
@@ -79,6 +81,6 @@ func (c *boltDB) Checkpoints(_ context.Context, first, n int, lat []time.Duratio
 }
 
 func (c *boltDB) Close() error {
-	c.fw.close()
+	c.fw.Close()
 	return c.db.Close()
 }

@@ -7,8 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
+
+	"github.com/runstate/runstate/bench/internal/kit"
 
 	"github.com/dbos-inc/dbos-transact-golang/dbos"
 	_ "github.com/dbos-inc/dbos-transact-golang/dbos/driver/sqlite" // SQLite system database
@@ -29,12 +30,8 @@ import (
 // failure, which no other contender allows itself. DBOS leaves the PRAGMAs
 // of a handle passed as Config.SQLiteSystemDB to its owner.
 type dbosTransact struct {
-	fw   fileWork
-	db   *sql.DB
-	dctx dbos.Context
-
-	mu    sync.Mutex
-	sinks map[int][]time.Duration // first id of a workflow → its latencies
+	db *sql.DB
+	d  *kit.DBOS
 }
 
 func init() {
@@ -42,53 +39,15 @@ func init() {
 		name:  "dbos",
 		order: 40,
 		about: "DBOS Transact Go, SQLite system DB (WAL, synchronous=FULL), one RunAsStep per checkpoint",
-		make:  func() contender { return &dbosTransact{sinks: map[int][]time.Duration{}} },
+		make:  func() contender { return &dbosTransact{} },
 	})
 }
 
-// dbosCurrent is the contender the registered workflow function works for.
-// DBOS registers workflows by function name, so the workflow is a top-level
-// function and one DBOS contender is open at a time.
-var dbosCurrent *dbosTransact
-
-type dbosBatch struct {
-	First int `json:"first"`
-	N     int `json:"n"`
-}
-
-// dbosCheckpointsWorkflow is the workflow: n steps, one per checkpoint.
-func dbosCheckpointsWorkflow(ctx dbos.Context, in dbosBatch) (int, error) {
-	c := dbosCurrent
-	c.mu.Lock()
-	lat := c.sinks[in.First]
-	c.mu.Unlock()
-	for k := range in.N {
-		id := in.First + k
-		t0 := time.Now()
-		_, err := dbos.RunAsStep(ctx, func(context.Context) (string, error) {
-			data := outputData(id)
-			if err := c.fw.write(id, data); err != nil {
-				return "", err
-			}
-			return string(checkpointRecord(id, data)), nil
-		}, dbos.WithStepName(stageName(id)))
-		if err != nil {
-			return k, err
-		}
-		lat[k] = time.Since(t0)
-	}
-	return in.N, nil
-}
-
 func (c *dbosTransact) Open(ctx context.Context, dir string) error {
-	if dbosCurrent != nil {
-		return fmt.Errorf("dbos: only one DBOS contender can be open at a time")
-	}
-	fw, err := newFileWork(dir)
+	fw, err := kit.NewFileWork(dir, writeOutputs)
 	if err != nil {
 		return err
 	}
-	c.fw = fw
 	dsn := "file:" + filepath.Join(dir, "dbos.sqlite") + "?_txlock=immediate" +
 		"&_pragma=busy_timeout(5000)&_pragma=foreign_keys(ON)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
@@ -106,17 +65,12 @@ func (c *dbosTransact) Open(ctx context.Context, dir string) error {
 		return fmt.Errorf("dbos: system database synchronous=%d, want 2 (FULL)", syncMode)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c.dctx, err = dbos.NewContext(ctx, dbos.Config{
+	c.d, err = kit.OpenDBOS(ctx, dbos.Config{
 		AppName:        "runstate-bench",
 		SQLiteSystemDB: c.db,
 		Logger:         logger,
-	})
+	}, fw)
 	if err != nil {
-		return err
-	}
-	dbos.RegisterWorkflow(c.dctx, dbosCheckpointsWorkflow, dbos.WithWorkflowName("bench-checkpoints"))
-	dbosCurrent = c
-	if err := dbos.Launch(c.dctx); err != nil {
 		return err
 	}
 	// DBOS must not have changed the durability setting on any connection.
@@ -152,35 +106,16 @@ func (c *dbosTransact) checkSynchronous(ctx context.Context) error {
 }
 
 func (c *dbosTransact) Checkpoints(_ context.Context, first, n int, lat []time.Duration) error {
-	c.mu.Lock()
-	c.sinks[first] = lat[:n]
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		delete(c.sinks, first)
-		c.mu.Unlock()
-	}()
-	h, err := dbos.RunWorkflow(c.dctx, dbosCheckpointsWorkflow, dbosBatch{First: first, N: n},
-		dbos.WithWorkflowID(fmt.Sprintf("bench-%08d", first)))
-	if err != nil {
-		return err
-	}
-	done, err := h.GetResult()
-	if err != nil {
-		return err
-	}
-	if done != n {
-		return fmt.Errorf("dbos: workflow did %d of %d checkpoints", done, n)
-	}
-	return nil
+	return c.d.Checkpoints(first, n, lat)
 }
 
 func (c *dbosTransact) Close() error {
-	c.fw.close()
-	err := dbos.Shutdown(c.dctx, 30*time.Second)
+	var err error
+	if c.d != nil {
+		err = c.d.Close()
+	}
 	if cerr := c.db.Close(); err == nil {
 		err = cerr
 	}
-	dbosCurrent = nil
 	return err
 }

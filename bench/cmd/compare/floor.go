@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	"github.com/runstate/runstate/internal/floorio"
 )
 
@@ -16,7 +18,7 @@ import (
 // O_APPEND write of a few hundred bytes is not interleaved on a local file
 // system), so whatever the kernel overlaps is the floor's concurrency.
 type floor struct {
-	fw fileWork
+	fw kit.FileWork
 	f  *os.File
 }
 
@@ -30,7 +32,7 @@ func init() {
 }
 
 func (c *floor) Open(_ context.Context, dir string) error {
-	fw, err := newFileWork(dir)
+	fw, err := kit.NewFileWork(dir, writeOutputs)
 	if err != nil {
 		return err
 	}
@@ -43,11 +45,11 @@ func (c *floor) Checkpoints(_ context.Context, first, n int, lat []time.Duration
 	for k := range n {
 		id := first + k
 		t0 := time.Now()
-		data := outputData(id)
-		if err := c.fw.write(id, data); err != nil {
+		data := kit.OutputData(id)
+		if err := c.fw.Write(id, data); err != nil {
 			return err
 		}
-		rec := append(checkpointRecord(id, data), '\n')
+		rec := append(kit.CheckpointRecord(id, data), '\n')
 		if _, err := c.f.Write(rec); err != nil {
 			return err
 		}
@@ -60,6 +62,6 @@ func (c *floor) Checkpoints(_ context.Context, first, n int, lat []time.Duration
 }
 
 func (c *floor) Close() error {
-	c.fw.close()
+	c.fw.Close()
 	return c.f.Close()
 }

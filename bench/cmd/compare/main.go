@@ -19,16 +19,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/runstate/runstate/bench/internal/kit"
 )
 
 // writeOutputs says whether checkpoints write their output file (-outputs).
@@ -193,7 +193,7 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 		entries = append(entries, &entry{info: ci, c: c})
 	}
 
-	loadBefore := loadavg()
+	loadBefore := kit.Loadavg()
 	start := time.Now()
 	total := warmup + rounds
 	for r := range total {
@@ -225,7 +225,7 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 		fmt.Fprintf(os.Stderr, "%s %d/%d done (%.0fs)\n", label, r+1, total, time.Since(start).Seconds())
 	}
 	took := time.Since(start)
-	report(entries, rounds, ops, goroutines, base, took, loadBefore, loadavg())
+	report(entries, rounds, ops, goroutines, base, took, loadBefore, kit.Loadavg())
 	return nil
 }
 
@@ -250,7 +250,7 @@ func sequential(ctx context.Context, e *entry, n int, measured bool) error {
 	wall := time.Since(t0)
 	if measured {
 		e.seqLat = append(e.seqLat, lat...)
-		e.seqMed = append(e.seqMed, median(lat))
+		e.seqMed = append(e.seqMed, kit.Median(lat))
 		e.seqTput = append(e.seqTput, float64(n)/wall.Seconds())
 	}
 	return nil
@@ -285,19 +285,6 @@ func concurrent(ctx context.Context, e *entry, n, g int, measured bool) error {
 	return nil
 }
 
-// loadavg returns the 1-minute load average, or "?" where there is no
-// /proc/loadavg. Other processes busy with the disk make the figures noisy.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	if f := strings.Fields(string(b)); len(f) > 0 {
-		return f[0]
-	}
-	return "?"
-}
-
 func report(entries []*entry, rounds, ops, goroutines int, base string, took time.Duration, loadBefore, loadAfter string) {
 	fmt.Printf("runstate bench/cmd/compare  %s  %s/%s  %d CPUs  %s\n",
 		runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
@@ -322,8 +309,8 @@ func report(entries []*entry, rounds, ops, goroutines int, base string, took tim
 	for _, e := range entries {
 		r := pairedRatios(e, fl)
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t%.0f\t%.0f\t%.2f\t%s\t%.0f\t\n",
-			e.info.name, us(median(e.seqLat)), us(percentile(e.seqLat, 0.99)), us(mean(e.seqLat)), withIQR(r.lat),
-			medianF(e.seqTput), medianF(e.concTput), medianF(r.conc), withIQR(r.scale), us(median(e.concLat)))
+			e.info.name, kit.US(kit.Median(e.seqLat)), kit.US(kit.Percentile(e.seqLat, 0.99)), kit.US(kit.Mean(e.seqLat)), kit.WithIQR(r.lat),
+			kit.MedianF(e.seqTput), kit.MedianF(e.concTput), kit.MedianF(r.conc), kit.WithIQR(r.scale), kit.US(kit.Median(e.concLat)))
 	}
 	tw.Flush()
 
@@ -342,9 +329,9 @@ func report(entries []*entry, rounds, ops, goroutines int, base string, took tim
 			continue
 		}
 		r := pairedRatios(e, fl)
-		ratio, scale := medianF(r.lat), medianF(r.scale)
+		ratio, scale := kit.MedianF(r.lat), kit.MedianF(r.scale)
 		fmt.Printf("\nrunstate against DESIGN.md §5: checkpoint %.2f × floor (target ≤ 1.5: %s); %s %.2f × sequential throughput (target ≥ 3: %s)\n",
-			ratio, verdict(ratio <= 1.5), g, scale, verdict(scale >= 3))
+			ratio, kit.Verdict(ratio <= 1.5), g, scale, kit.Verdict(scale >= 3))
 	}
 }
 
@@ -365,79 +352,4 @@ func pairedRatios(e, fl *entry) ratios {
 		r.scale = append(r.scale, e.concTput[i]/e.seqTput[i])
 	}
 	return r
-}
-
-// withIQR formats the median of f with its interquartile range.
-func withIQR(f []float64) string {
-	return fmt.Sprintf("%.2f (%.2f–%.2f)", medianF(f), quantileF(f, 0.25), quantileF(f, 0.75))
-}
-
-func verdict(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT met"
-}
-
-func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-func median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// percentile returns the smallest latency that at least q of them do not exceed.
-func percentile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[max(i, 0)]
-}
-
-func mean(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, x := range d {
-		sum += x
-	}
-	return sum / time.Duration(len(d))
-}
-
-// quantileF returns the q-quantile of f, interpolating between neighbours.
-func quantileF(f []float64, q float64) float64 {
-	if len(f) == 0 {
-		return 0
-	}
-	s := slices.Clone(f)
-	slices.Sort(s)
-	pos := q * float64(len(s)-1)
-	i := int(pos)
-	if i+1 >= len(s) {
-		return s[len(s)-1]
-	}
-	return s[i] + (pos-float64(i))*(s[i+1]-s[i])
-}
-
-func medianF(f []float64) float64 {
-	if len(f) == 0 {
-		return 0
-	}
-	s := slices.Clone(f)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	"github.com/runstate/runstate/internal/floorio"
 )
 
@@ -75,7 +77,7 @@ func fsyncProbe(base string, n int) error {
 	slices.Sort(appends)
 	slices.Sort(overwrites)
 	fmt.Printf("  append + fdatasync median %4.0f µs; overwrite of preallocated space + fdatasync median %4.0f µs\n",
-		us(appends[n/2]), us(overwrites[n/2]))
+		kit.US(appends[n/2]), kit.US(overwrites[n/2]))
 
 	for _, creators := range []int{0, 1, 3, 7, 0, 7} {
 		var stop atomic.Bool
@@ -110,7 +112,7 @@ func fsyncProbe(base string, n int) error {
 		wg.Wait()
 		slices.Sort(d)
 		fmt.Printf("  %d goroutines creating files: write+fdatasync median %4.0f µs, p90 %4.0f µs; %6.0f files created/s\n",
-			creators, us(d[len(d)/2]), us(d[len(d)*9/10]), float64(created.Load())/elapsed.Seconds())
+			creators, kit.US(d[len(d)/2]), kit.US(d[len(d)*9/10]), float64(created.Load())/elapsed.Seconds())
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	"github.com/runstate/runstate"
 )
 
@@ -31,21 +33,7 @@ func (c *runstateRun) Open(_ context.Context, dir string) error {
 }
 
 func (c *runstateRun) Checkpoints(ctx context.Context, first, n int, lat []time.Duration) error {
-	for k := range n {
-		id := first + k
-		t0 := time.Now()
-		err := c.run.Do(ctx, stageName(id), func(ctx context.Context, st *runstate.Stage) error {
-			if !writeOutputs {
-				return nil
-			}
-			return st.WriteFile(outputPath(id), outputData(id))
-		})
-		if err != nil {
-			return err
-		}
-		lat[k] = time.Since(t0)
-	}
-	return nil
+	return kit.DoCheckpoints(ctx, c.run, first, n, lat, writeOutputs)
 }
 
 func (c *runstateRun) Close() error { return c.run.Close() }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/runstate/runstate/bench/internal/kit"
+
 	_ "modernc.org/sqlite" // registers database/sql driver "sqlite"
 )
 
@@ -17,7 +19,7 @@ import (
 // single connection queues concurrent writers in Go instead of making them
 // spin in SQLite's sleeping busy handler.
 type sqliteWAL struct {
-	fw  fileWork
+	fw  kit.FileWork
 	db  *sql.DB
 	ins *sql.Stmt
 }
@@ -32,7 +34,7 @@ func init() {
 }
 
 func (c *sqliteWAL) Open(ctx context.Context, dir string) error {
-	fw, err := newFileWork(dir)
+	fw, err := kit.NewFileWork(dir, writeOutputs)
 	if err != nil {
 		return err
 	}
@@ -69,11 +71,11 @@ func (c *sqliteWAL) Checkpoints(ctx context.Context, first, n int, lat []time.Du
 	for k := range n {
 		id := first + k
 		t0 := time.Now()
-		data := outputData(id)
-		if err := c.fw.write(id, data); err != nil {
+		data := kit.OutputData(id)
+		if err := c.fw.Write(id, data); err != nil {
 			return err
 		}
-		if _, err := c.ins.ExecContext(ctx, stageName(id), checkpointRecord(id, data)); err != nil {
+		if _, err := c.ins.ExecContext(ctx, kit.StageName(id), kit.CheckpointRecord(id, data)); err != nil {
 			return err
 		}
 		lat[k] = time.Since(t0)
@@ -82,7 +84,7 @@ func (c *sqliteWAL) Checkpoints(ctx context.Context, first, n int, lat []time.Du
 }
 
 func (c *sqliteWAL) Close() error {
-	c.fw.close()
+	c.fw.Close()
 	c.ins.Close()
 	return c.db.Close()
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -27,7 +27,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// bin is the runstate command, built once by TestMain.
+// bin is the runstate command (cmd/runstate, a main over this package),
+// built once by TestMain.
 var bin string
 
 func TestMain(m *testing.M) {
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 	if runtime.GOOS == "windows" {
 		bin += ".exe"
 	}
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/runstate").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.RemoveAll(tmp)
 		os.Exit(1)

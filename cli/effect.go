@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ const maxReceipt = 1 << 20
 
 var effectCmd = &command{
 	name:     "effect",
+	dirOnly:  true,
 	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] -- CMD [ARGS...]",
 	short:    "perform a side effect once: intent before, receipt after",
 	long: `Effect performs the side effect KEY of the run in DIR once, across every

@@ -1,11 +1,10 @@
-package main
+package cli
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/runstate/runstate"
@@ -33,7 +32,9 @@ bytes count the ledger that checked out.`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
-		return func(c *cli, args []string) int { return c.verify(args[0], *asJSON) }
+		return func(c *cli, args []string) int {
+			return c.onSource(args[0], func(ctx context.Context, src Source) int { return c.verify(ctx, src, *asJSON) })
+		}
 	},
 }
 
@@ -42,8 +43,9 @@ type verifyJSON struct {
 	OK bool `json:"ok"`
 }
 
-func (c *cli) verify(dir string, asJSON bool) int {
-	rep, err := runstate.Verify(dir)
+func (c *cli) verify(ctx context.Context, src Source, asJSON bool) int {
+	dir := src.Name()
+	rep, err := src.Verify(ctx)
 	if err != nil {
 		return c.fail(err)
 	}
@@ -60,8 +62,8 @@ func (c *cli) verify(dir string, asJSON bool) int {
 	w := bufio.NewWriter(c.out)
 	defer w.Flush()
 	if rep.OK() {
-		fmt.Fprintf(w, "ok: %s: %d records (%d bytes) check out, every artifact matches its hash, manifest.json and logs/next-steps.txt are current\n",
-			escape.Text(dir), rep.Records, rep.Bytes)
+		fmt.Fprintf(w, "ok: %s: %d records (%d bytes) check out, %s\n",
+			escape.Text(dir), rep.Records, rep.Bytes, src.VerifyChecks())
 		return code
 	}
 	for _, p := range rep.Problems {
@@ -94,7 +96,9 @@ With -json it prints one JSON object: {"dir", "seq" (the ledger's),
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
-		return func(c *cli, args []string) int { return c.next(args[0], *asJSON) }
+		return func(c *cli, args []string) int {
+			return c.onSource(args[0], func(ctx context.Context, src Source) int { return c.next(ctx, src, *asJSON) })
+		}
 	},
 }
 
@@ -106,20 +110,20 @@ type nextJSON struct {
 	Text    string `json:"text"`
 }
 
-func (c *cli) next(dir string, asJSON bool) int {
-	p := filepath.Join(dir, "logs", "next-steps.txt")
-	data, ferr := os.ReadFile(p)
+func (c *cli) next(ctx context.Context, src Source, asJSON bool) int {
+	dir := src.Name()
+	data, p, ferr := src.Handoff(ctx)
 	var fileSeq int64
 	if ferr == nil {
-		fileSeq, ferr = handoffSeq(string(data))
+		fileSeq, ferr = handoffSeq(data)
 	}
-	st, err := runstate.Inspect(dir)
+	st, err := src.Inspect(ctx)
 	if err != nil {
 		return c.fail(err)
 	}
-	out := nextJSON{Dir: dir, Seq: st.Seq, FileSeq: fileSeq, Text: string(data)}
+	out := nextJSON{Dir: dir, Seq: st.Seq, FileSeq: fileSeq, Text: data}
 	if ferr != nil || fileSeq != st.Seq {
-		text, err := runstate.NextSteps(dir)
+		text, err := src.NextSteps(ctx)
 		if err != nil {
 			return c.fail(err)
 		}
@@ -197,17 +201,18 @@ type metricsJSON struct {
 	Total runstate.Metrics `json:"total"`
 }
 
-func (c *cli) metrics(dirs []string, asJSON bool) int {
+func (c *cli) metrics(addrs []string, asJSON bool) int {
+	ctx := context.Background()
 	out := metricsJSON{Runs: []runMetrics{}}
 	failed := false
-	for _, dir := range dirs {
-		st, err := runstate.Inspect(dir)
+	for _, addr := range addrs {
+		st, name, err := c.inspectOne(ctx, addr)
 		if err != nil {
 			c.fail(err)
 			failed = true
 			continue
 		}
-		out.Runs = append(out.Runs, runMetrics{Dir: dir, ID: st.ID, Seq: st.Seq, Metrics: st.Metrics})
+		out.Runs = append(out.Runs, runMetrics{Dir: name, ID: st.ID, Seq: st.Seq, Metrics: st.Metrics})
 		m, t := st.Metrics, &out.Total
 		t.Sessions += m.Sessions
 		t.ResumedSessions += m.ResumedSessions
@@ -263,4 +268,16 @@ func (c *cli) metrics(dirs []string, asJSON bool) int {
 	}
 	fmt.Fprintf(w, "%-22s %6s  longest, open to first record of a resumed session\n", "time to handoff", t.TimeToFirstRecord.Round(time.Millisecond/10))
 	return exitOK
+}
+
+// inspectOne opens addr, inspects its run and closes it; it returns the
+// address's name for messages too.
+func (c *cli) inspectOne(ctx context.Context, addr string) (*runstate.Status, string, error) {
+	src, err := c.open(ctx, addr)
+	if err != nil {
+		return nil, "", err
+	}
+	defer src.Close()
+	st, err := src.Inspect(ctx)
+	return st, src.Name(), err
 }

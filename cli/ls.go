@@ -1,7 +1,8 @@
-package main
+package cli
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 var lsCmd = &command{
 	name:     "ls",
+	dirOnly:  true,
 	synopsis: "[-json] [-depth N] [ROOT...]",
 	short:    "every run under the roots, one line each; what needs a person first",
 	long: `Ls finds every run directory (one holding logs/ledger.jsonl) under each
@@ -197,7 +199,7 @@ func lsOne(dir string, now time.Time) lsRun {
 			}
 		}
 	}
-	alive := sessionsAlive(dir, st)
+	alive := sessionsAlive(context.Background(), &dirSource{dir: dir}, st)
 	first := func(kinds ...string) *runstate.Blocker {
 		for _, b := range st.Blockers {
 			for _, k := range kinds {

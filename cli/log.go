@@ -1,22 +1,15 @@
-package main
+package cli
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
@@ -39,7 +32,8 @@ died mid-append) is not shown. A damaged ledger stops the log with an error
 naming the line and byte offset (exit 1).
 
 -follow keeps printing records as other processes append them (it polls the
-file's size) until it is interrupted (SIGINT, Ctrl-C), then exits 0.
+file's size every 100 ms; a database run: its store says how) until it is
+interrupted (SIGINT, Ctrl-C), then exits 0.
 
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
@@ -52,7 +46,12 @@ such as U+202E written as \u escapes (the same JSON values).`,
 		fs.Int64Var(&o.since, "since", 0, "only the records after seq `SEQ` (seq > SEQ)")
 		fs.BoolVar(&o.follow, "follow", false, "keep printing records as they are appended, until interrupted")
 		fs.BoolVar(&o.json, "json", false, "print each record as JSON, one a line")
-		return func(c *cli, args []string) int { return c.log(args[0], o) }
+		return func(c *cli, args []string) int {
+			if o.since < 0 {
+				return c.usageError("log", "-since must not be negative")
+			}
+			return c.onSource(args[0], func(ctx context.Context, src Source) int { return c.log(ctx, src, o) })
+		}
 	},
 }
 
@@ -63,13 +62,7 @@ type logOptions struct {
 	json   bool
 }
 
-// pollEvery is how often -follow looks at the ledger's size.
-const pollEvery = 100 * time.Millisecond
-
-func (c *cli) log(dir string, o logOptions) int {
-	if o.since < 0 {
-		return c.usageError("log", "-since must not be negative")
-	}
+func (c *cli) log(ctx context.Context, src Source, o logOptions) int {
 	w := bufio.NewWriter(c.out)
 	defer w.Flush()
 	show := func(r *runstate.Record) error {
@@ -82,11 +75,8 @@ func (c *cli) log(dir string, o logOptions) int {
 		_, err := fmt.Fprintln(w, formatRecord(r))
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
-		return c.fail(fmt.Errorf("%s is not a run directory: %w", dir, err))
-	}
 	var n int64
-	err := runstate.ReadLedger(dir, func(r *runstate.Record) error {
+	err := src.ReadLedger(ctx, func(r *runstate.Record) error {
 		n = r.Seq
 		return show(r)
 	})
@@ -100,110 +90,17 @@ func (c *cli) log(dir string, o logOptions) int {
 	if err := w.Flush(); err != nil {
 		return c.fail(err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	t, err := newTail(filepath.Join(dir, "logs", "ledger.jsonl"), n)
-	if err != nil {
-		return c.fail(err)
-	}
-	defer t.f.Close()
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		if err := t.poll(show); err != nil {
-			w.Flush()
-			return c.fail(err)
-		}
-		if err := w.Flush(); err != nil {
-			return c.fail(err)
-		}
-		select {
-		case <-ctx.Done():
-			return exitOK
-		case <-tick.C:
-		}
-	}
-}
-
-// tail follows a ledger as writers append to it. It checks that each new
-// record continues the chain (seq + 1, prev = hash of the line before),
-// and waits on a last line that is incomplete or does not parse: that is a
-// write in progress, or a torn tail the next writer cuts.
-type tail struct {
-	f      *os.File
-	path   string
-	seq    int64  // last record shown
-	hash   string // chain hash of its line
-	offset int64  // just past its '\n'
-}
-
-// newTail starts after line seq of the ledger at path.
-func newTail(path string, seq int64) (*tail, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	t := &tail{f: f, path: path}
-	br := bufio.NewReaderSize(f, 256<<10)
-	for t.seq < seq {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("runstate: %s: cannot find the end of line %d: %v", path, t.seq+1, err)
-		}
-		t.seq++
-		t.offset += int64(len(line))
-		t.hash = lineHash(line[:len(line)-1])
-	}
-	return t, nil
-}
-
-// poll reads what was appended since the last call and shows each new
-// record.
-func (t *tail) poll(show func(*runstate.Record) error) error {
-	fi, err := t.f.Stat()
-	if err != nil {
-		return fmt.Errorf("runstate: stat %s: %w", t.path, err)
-	}
-	size := fi.Size()
-	if size < t.offset {
-		return fmt.Errorf("runstate: %s shrank to %d bytes, below the %d already shown: it was cut (runstate repair?); run 'runstate log' again", t.path, size, t.offset)
-	}
-	if size == t.offset {
-		return nil
-	}
-	buf := make([]byte, size-t.offset)
-	if _, err := t.f.ReadAt(buf, t.offset); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("runstate: read %s: %w", t.path, err)
-	}
-	for {
-		i := bytes.IndexByte(buf, '\n')
-		if i < 0 {
-			return nil // a write in progress, or a torn tail: wait
-		}
-		body := buf[:i]
-		var r runstate.Record
-		if err := json.Unmarshal(body, &r); err != nil || r.Seq == 0 || r.Ev == "" {
-			if bytes.IndexByte(buf[i+1:], '\n') < 0 {
-				return nil // a bad last line is a torn tail: the next writer cuts it
-			}
-			return fmt.Errorf("runstate: %s line %d (byte %d): not a ledger record, and more lines follow it: the ledger is damaged; run 'runstate verify'", t.path, t.seq+1, t.offset)
-		}
-		if r.Seq != t.seq+1 || r.Prev != t.hash {
-			return fmt.Errorf("runstate: %s line %d (byte %d): seq %d does not continue the hash chain after seq %d: the ledger is damaged; run 'runstate verify'", t.path, t.seq+1, t.offset, r.Seq, t.seq)
-		}
-		if err := show(&r); err != nil {
+	err = src.Follow(ctx, n, func(r *runstate.Record) error {
+		if err := show(r); err != nil {
 			return err
 		}
-		t.seq, t.hash = r.Seq, lineHash(body)
-		t.offset += int64(i + 1)
-		buf = buf[i+1:]
+		return w.Flush()
+	})
+	if err != nil {
+		w.Flush()
+		return c.fail(err)
 	}
-}
-
-func lineHash(line []byte) string {
-	h := sha256.Sum256(line)
-	return hex.EncodeToString(h[:])
+	return exitOK
 }
 
 // writeRecordJSON writes r as one line of JSON, with every rune a terminal

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
 	"time"
 
@@ -39,7 +37,7 @@ person.`,
 				s, ok := st.Stage(args[1])
 				switch {
 				case !ok:
-					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], args[0])
+					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], redact(args[0]))
 				case s.State != runstate.StateAwaiting:
 					return fmt.Errorf("stage %s does not await a person: it is %s", args[1], s.State)
 				}
@@ -71,7 +69,7 @@ command returns.`,
 			}
 			check := func(st *runstate.Status) error {
 				if _, ok := st.Stage(args[1]); !ok {
-					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], args[0])
+					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], redact(args[0]))
 				}
 				return nil
 			}
@@ -125,7 +123,7 @@ the command returns. Exit status 1 when KEY is not awaiting a decision.`,
 					}
 					return nil
 				}
-				return fmt.Errorf("effect %s is unknown to the run in %s", args[1], args[0])
+				return fmt.Errorf("effect %s is unknown to the run in %s", args[1], redact(args[0]))
 			}
 			return c.operate(args[0], *timeout, check, func(ctx context.Context, r *runstate.Run) (string, error) {
 				return what + " (by " + *by + ")", r.Resolve(ctx, args[1], res)
@@ -159,26 +157,31 @@ func timeoutFlag(fs *flag.FlagSet) *time.Duration {
 // status first, so that a request the library would refuse is refused
 // without opening a session (the library checks again, under the lock,
 // and decides).
-func (c *cli) operate(dir string, timeout time.Duration, check func(*runstate.Status) error, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
-	// Inspect first: Open would create a run directory that is not there.
-	st, err := runstate.Inspect(dir)
+func (c *cli) operate(addr string, timeout time.Duration, check func(*runstate.Status) error, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+	return c.onSource(addr, func(ctx context.Context, src Source) int {
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		return c.operateOn(ctx, src, timeout, check, fn)
+	})
+}
+
+// operateOn is operate on the opened src.
+func (c *cli) operateOn(ctx context.Context, src Source, timeout time.Duration, check func(*runstate.Status) error, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+	// Inspect first: Open would create a run that is not there.
+	st, err := src.Inspect(ctx)
 	if err != nil {
 		return c.fail(err)
 	}
 	if err := check(st); err != nil {
 		return c.fail(err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
 	// Open with the run's own revision and environment: the status
 	// reports those of the last session that opened, and an operator's
 	// session should not change them.
-	r, err := runstate.Open(dir, &runstate.Options{Revision: st.Revision, Environment: st.Environment, LockTimeout: timeout})
+	r, err := src.Open(ctx, &runstate.Options{Revision: st.Revision, Environment: st.Environment, LockTimeout: timeout})
 	if err != nil {
 		return c.fail(err)
 	}
@@ -193,12 +196,13 @@ func (c *cli) operate(dir string, timeout time.Duration, check func(*runstate.St
 	if err != nil {
 		return c.fail(err)
 	}
-	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s: recorded at seq %d in %s", what, seq, dir)))
+	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s: recorded at seq %d in %s", what, seq, src.Name())))
 	return exitOK
 }
 
 var repairCmd = &command{
 	name:     "repair",
+	dirOnly:  true,
 	synopsis: "[-truncate-at LINE [-force]] [-json] [-timeout D] DIR",
 	short:    "cut a torn ledger tail (kept aside) and rebuild the projections",
 	long: `Repair takes the ledger lock and puts the run in DIR back in a state every

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 var planCmd = &command{
 	name:     "plan",
+	dirOnly:  true,
 	synopsis: "DIR STAGE... [-request TEXT]",
 	short:    "record the stages a pipeline has, in order",
 	long: `Plan records the work that exists in the run in DIR: the stages, in order,
@@ -40,6 +41,7 @@ it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
 
 var skipCmd = &command{
 	name:     "skip",
+	dirOnly:  true,
 	synopsis: "DIR STAGE -reason TEXT",
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
@@ -65,6 +67,7 @@ as it is (nothing recorded). The record is durable when skip returns.`,
 
 var awaitCmd = &command{
 	name:     "await",
+	dirOnly:  true,
 	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D]",
 	short:    "a stage that a person must approve: exit 0 once approved",
 	long: `Await makes STAGE of the run in DIR a person's review: the first time, it

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -31,6 +31,7 @@ const (
 
 var execCmd = &command{
 	name:     "exec",
+	dirOnly:  true,
 	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] -- CMD [ARGS...]",
 	short:    "run a command as a stage: skipped when done and its evidence holds",
 	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of

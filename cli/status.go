@@ -1,15 +1,14 @@
-package main
+package cli
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gofrs/flock"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
 )
@@ -51,7 +49,9 @@ blockers, plus
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
-		return func(c *cli, args []string) int { return c.status(args[0], *asJSON) }
+		return func(c *cli, args []string) int {
+			return c.onSource(args[0], func(ctx context.Context, src Source) int { return c.status(ctx, src, *asJSON) })
+		}
 	},
 }
 
@@ -62,12 +62,13 @@ type statusJSON struct {
 	Handoff string `json:"handoff"`
 }
 
-func (c *cli) status(dir string, asJSON bool) int {
-	st, handoff, err := inspect(dir)
+func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
+	st, handoff, err := inspect(ctx, src)
 	if err != nil {
 		return c.fail(err)
 	}
-	alive := sessionsAlive(dir, st)
+	dir := src.Name()
+	alive := sessionsAlive(ctx, src, st)
 	var gone []runstate.Blocker
 	for _, s := range st.Stages {
 		if s.State == runstate.StateRunning && !alive[s.Session] {
@@ -124,7 +125,7 @@ func (c *cli) status(dir string, asJSON bool) int {
 		fmt.Fprintf(w, "env       %s\n", strings.Join(keys, " "))
 	}
 	fmt.Fprintf(w, "created   %s\n", st.Created.UTC().Format(time.RFC3339))
-	fmt.Fprintf(w, "ledger    seq %d (%s)\n", st.Seq, escape.Text(filepath.Join(dir, "logs", "ledger.jsonl")))
+	fmt.Fprintf(w, "ledger    seq %d (%s)\n", st.Seq, escape.Text(src.Ledger()))
 	if len(st.Sessions) == 0 {
 		fmt.Fprintf(w, "sessions  none open\n")
 	} else {
@@ -190,16 +191,16 @@ func (c *cli) status(dir string, asJSON bool) int {
 	return code
 }
 
-// inspect reads the status and the handoff of the run in dir, both as of
+// inspect reads the status and the handoff of the run at src, both as of
 // the same ledger seq (a writer may append between the two reads: then it
 // reads again).
-func inspect(dir string) (*runstate.Status, string, error) {
+func inspect(ctx context.Context, src Source) (*runstate.Status, string, error) {
 	for tries := 0; ; tries++ {
-		st, err := runstate.Inspect(dir)
+		st, err := src.Inspect(ctx)
 		if err != nil {
 			return nil, "", err
 		}
-		h, err := runstate.NextSteps(dir)
+		h, err := src.NextSteps(ctx)
 		if err != nil {
 			return nil, "", err
 		}
@@ -225,16 +226,16 @@ func handoffSeq(text string) (int64, error) {
 }
 
 // sessionsAlive tells, for each session the status names (open, or of a
-// running stage), whether its process still holds its lock file in
-// logs/sessions. It only tries a shared lock on files that exist: it
-// creates and writes nothing.
-func sessionsAlive(dir string, st *runstate.Status) map[string]bool {
-	alive := map[string]bool{}
+// running stage, or of an effect's intent), whether its process still
+// holds it (Source.Alive).
+func sessionsAlive(ctx context.Context, src Source, st *runstate.Status) map[string]bool {
+	var ids []string
+	seen := map[string]bool{}
 	check := func(id string) {
-		if _, seen := alive[id]; seen || id == "" {
-			return
+		if !seen[id] && id != "" {
+			seen[id] = true
+			ids = append(ids, id)
 		}
-		alive[id] = sessionAlive(dir, id)
 	}
 	for _, s := range st.Sessions {
 		check(s.ID)
@@ -249,27 +250,10 @@ func sessionsAlive(dir string, st *runstate.Status) map[string]bool {
 			check(e.Session)
 		}
 	}
-	return alive
-}
-
-func sessionAlive(dir, id string) bool {
-	if strings.ContainsAny(id, `/\`) || id == "." || id == ".." {
-		return false
+	if len(ids) == 0 {
+		return map[string]bool{}
 	}
-	p := filepath.Join(dir, "logs", "sessions", id+".lock")
-	if _, err := os.Stat(p); err != nil {
-		return false
-	}
-	l := flock.New(p, flock.SetFlag(os.O_RDONLY)) // no O_CREATE
-	ok, err := l.TryRLock()
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist) // cannot tell: assume alive, the safe side
-	}
-	if ok {
-		l.Unlock()
-		return false
-	}
-	return true
+	return src.Alive(ctx, ids)
 }
 
 // short is the short form of a session id: its last 8 hex digits (a UUIDv7

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/bench/internal/kit"
+	"github.com/runstate/runstate/pgstore"
+)
+
+// pgRun is runstate on PostgreSQL: one Run.Do of a new stage per
+// checkpoint, whose function writes the ~160-byte output with
+// Stage.WriteFile. Do commits the begin record (synchronous_commit off),
+// uploads the output's blob (when the database lacks it) and commits the
+// complete record (synchronous_commit on) before it returns. The goroutines
+// of one process share one Run (group commit); each process opens its own
+// (a session of its own) with its own working directory.
+type pgRun struct {
+	db  *pgstore.DB
+	run *runstate.Run
+}
+
+func init() {
+	register(contenderInfo{
+		name:  "pgstore",
+		order: 10,
+		about: "runstate pgstore: one Run.Do per checkpoint, its output via Stage.WriteFile (bytes also stored as a blob in the database)",
+		make:  func() contender { return &pgRun{} },
+		procs: true,
+		runs:  true,
+	})
+}
+
+func (c *pgRun) Open(ctx context.Context, cfg config) error {
+	sep := "?"
+	if strings.Contains(cfg.DSN, "?") {
+		sep = "&"
+	}
+	var err error
+	c.db, err = pgstore.Connect(ctx, fmt.Sprintf("%s%sschema=%s&pool_max_conns=%d", cfg.DSN, sep, cfg.Schema, cfg.Conns))
+	if err != nil {
+		return err
+	}
+	c.run, err = c.db.Open(ctx, cfg.Run, cfg.Dir, &runstate.Options{Request: "bench"})
+	return err
+}
+
+func (c *pgRun) Checkpoints(ctx context.Context, first, n int, lat []time.Duration) error {
+	return kit.DoCheckpoints(ctx, c.run, first, n, lat, writeOutputs)
+}
+
+func (c *pgRun) Close() error {
+	err := c.run.Close()
+	c.db.Close()
+	return err
+}

@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/runstate/runstate"
+)
+
+// Source is one run, reached at an address: a run directory, or a run in a
+// database (see Opener). The read methods take no lock and write nothing;
+// Open starts a session that writes, as runstate.Open does. A Source is
+// used by one command, from one goroutine.
+type Source interface {
+	// Name is the address for messages and for the advice printed after
+	// a blocker ("runstate approve NAME ..."): a directory as given, or a
+	// URL without its password.
+	Name() string
+	// Ledger says where the ledger is kept, for the status page: a
+	// directory's logs/ledger.jsonl, or a database table and run.
+	Ledger() string
+	// Inspect returns the run's status as its ledger has it
+	// (runstate.Inspect). An address that holds no run is an error that
+	// says so.
+	Inspect(ctx context.Context) (*runstate.Status, error)
+	// NextSteps renders the handoff from the ledger (runstate.NextSteps).
+	NextSteps(ctx context.Context) (string, error)
+	// Handoff returns the handoff as the last writer stored it (a run
+	// directory's logs/next-steps.txt) and where it is kept (for
+	// messages). It may be behind the ledger: 'runstate next' compares the
+	// seq its first line names with the ledger's.
+	Handoff(ctx context.Context) (text, where string, err error)
+	// ReadLedger calls fn for each record in seq order, checking the hash
+	// chain as it reads (runstate.ReadLedger); a torn last line is not
+	// passed.
+	ReadLedger(ctx context.Context, fn func(*runstate.Record) error) error
+	// Follow calls fn for each record appended after seq after, in order,
+	// checking that each continues the chain, until ctx is done; then it
+	// returns nil.
+	Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error
+	// Export writes the ledger's complete lines, the exact bytes, each
+	// ending in '\n', checking the chain: a valid logs/ledger.jsonl.
+	Export(ctx context.Context, w io.Writer) (records int64, err error)
+	// Verify checks the whole run without trusting any snapshot
+	// (runstate.Verify).
+	Verify(ctx context.Context) (*runstate.Report, error)
+	// VerifyChecks says, for verify's "ok" line, what Verify checked
+	// besides the ledger.
+	VerifyChecks() string
+	// Alive tells, for each session id, whether the session's process
+	// still holds it. Unknown is true (the safe side). It takes no lock
+	// that a writer could wait on and writes nothing.
+	Alive(ctx context.Context, sessions []string) map[string]bool
+	// Open opens a session on the run, which must exist (Inspect said so),
+	// as runstate.Open does: its records are durable as Run's methods
+	// document. The caller closes the Run before the Source.
+	Open(ctx context.Context, opts *runstate.Options) (*runstate.Run, error)
+	// Close releases what the Source holds (a database pool, a temporary
+	// working directory).
+	Close() error
+}
+
+// Opener opens the run at addr, an address whose scheme the Opener was
+// registered for in Options.Sources. It fails when the address is
+// malformed or its store cannot be reached, with an error that says what
+// to do; a run that does not exist is reported by the Source's methods.
+type Opener func(ctx context.Context, addr string) (Source, error)
+
+// Options configure Run. The zero value (or nil) reads run directories only.
+type Options struct {
+	// Sources maps a URL scheme ("postgres") to the Opener of its
+	// addresses. An argument with another scheme that is not an existing
+	// directory is refused; every other argument is a run directory.
+	Sources map[string]Opener
+	// Usage is a paragraph for 'runstate help' saying which addresses
+	// Sources take, e.g. "DIR may also be postgres://...?run=NAME".
+	Usage string
+}
+
+// scheme returns the URL scheme of addr ("postgres" of
+// "postgres://h/db"), if it has one.
+func scheme(addr string) (string, bool) {
+	s, _, ok := strings.Cut(addr, "://")
+	if !ok || s == "" {
+		return "", false
+	}
+	for i, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.'):
+		default:
+			return "", false
+		}
+	}
+	return strings.ToLower(s), true
+}
+
+// pgCommand is how to get the runstate command that reads PostgreSQL runs.
+const pgCommand = "go install github.com/runstate/runstate/pgstore/cmd/runstate@latest"
+
+// open returns the Source of addr: the Opener registered for its scheme,
+// or the run directory addr.
+func (c *cli) open(ctx context.Context, addr string) (Source, error) {
+	if s, ok := scheme(addr); ok {
+		if o := c.sources[s]; o != nil {
+			return o(ctx, addr)
+		}
+		if _, err := os.Stat(addr); err != nil {
+			hint := "give a run directory"
+			if s == "postgres" || s == "postgresql" {
+				hint = "the command that reads PostgreSQL runs is installed with: " + pgCommand
+			}
+			return nil, fmt.Errorf("%s is a %s:// address, and this runstate command reads run directories only; %s", redact(addr), s, hint)
+		}
+	}
+	return &dirSource{dir: addr}, nil
+}
+
+// onSource opens addr, calls fn with it and a context that SIGINT
+// cancels, closes it and returns fn's exit status.
+func (c *cli) onSource(addr string, fn func(ctx context.Context, src Source) int) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	src, err := c.open(ctx, addr)
+	if err != nil {
+		return c.fail(err)
+	}
+	defer src.Close()
+	return fn(ctx, src)
+}
+
+// isAddress tells whether arg is an address another Source serves, not a
+// directory, for the commands that work on run directories only.
+func (c *cli) isAddress(arg string) bool {
+	if _, ok := scheme(arg); !ok {
+		return false
+	}
+	if _, err := os.Stat(arg); err == nil {
+		return false
+	}
+	return true
+}
+
+// redact removes the password from a URL address.
+func redact(addr string) string {
+	s, rest, ok := strings.Cut(addr, "://")
+	if !ok {
+		return addr
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	at := strings.LastIndex(host, "@")
+	if at < 0 {
+		return addr
+	}
+	user, _, hasPass := strings.Cut(host[:at], ":")
+	if !hasPass {
+		return addr
+	}
+	out := s + "://" + user + ":xxxxx" + host[at:]
+	if strings.Contains(rest, "/") {
+		out += "/" + path
+	}
+	return out
+}
+
+// Chain follows a ledger's hash chain line by line: each line must hold
+// the record with the next seq whose prev is the SHA-256 of the line
+// before. The zero Chain expects line 1. Not safe for concurrent use.
+type Chain struct {
+	Seq  int64  // the last record's seq
+	Hash string // the hex SHA-256 of its line (without '\n')
+}
+
+// Next decodes line (a ledger line without its '\n'), checks that it
+// continues the chain and advances. The error says what is wrong with
+// the line (errNotRecord when it holds no record); the caller adds where
+// the line is and what to do.
+func (c *Chain) Next(line []byte) (*runstate.Record, error) {
+	var r runstate.Record
+	if err := json.Unmarshal(line, &r); err != nil || r.Seq == 0 || r.Ev == "" {
+		return nil, errNotRecord
+	}
+	if r.Seq != c.Seq+1 || r.Prev != c.Hash {
+		return nil, fmt.Errorf("seq %d does not continue the hash chain after seq %d", r.Seq, c.Seq)
+	}
+	c.Seq, c.Hash = r.Seq, lineHash(line)
+	return &r, nil
+}
+
+// errNotRecord: a line that is not a ledger record.
+var errNotRecord = errors.New("not a ledger record")
+
+// lineHash is the chain hash of a ledger line (without '\n').
+func lineHash(line []byte) string {
+	h := sha256.Sum256(line)
+	return hex.EncodeToString(h[:])
+}

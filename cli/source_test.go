@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestExportWritesTheLedgerLines(t *testing.T) {
+	dir := finishedRun(t)
+	lines := ledgerLines(t, dir)
+	res := readCLI(t, dir, "export", dir)
+	require.Equal(t, 0, res.code, res.err)
+	assert.Equal(t, strings.Join(lines, ""), res.out, "the exact bytes of the ledger")
+
+	// The export is a ledger: in a directory of its own, with the
+	// artifacts copied and the projections rebuilt, Verify finds nothing.
+	dir2 := filepath.Join(t.TempDir(), "copy")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir2, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(ledgerPath(dir2), []byte(res.out), 0o644))
+	require.NoError(t, os.CopyFS(filepath.Join(dir2, "artifacts"), os.DirFS(filepath.Join(dir, "artifacts"))))
+	rep, err := runstate.Verify(dir2)
+	require.NoError(t, err)
+	for _, p := range rep.Problems {
+		assert.NotEqual(t, ledgerPath(dir2), p.File, "the exported ledger: %s", p.What)
+	}
+	_, err = runstate.Repair(dir2, nil)
+	require.NoError(t, err)
+	rep, err = runstate.Verify(dir2)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Problems)
+	assert.Equal(t, int64(len(lines)), rep.Records)
+
+	// A torn tail is not exported; damage stops the export at its line.
+	appendTorn(t, dir)
+	res = readCLI(t, dir, "export", dir)
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Equal(t, strings.Join(lines, ""), res.out)
+	off := editLine(t, dir, 4, `"stage":"inspect"`, `"stage":"INSPECT"`)
+	res = readCLI(t, dir, "export", dir)
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, fmt.Sprintf("%s line 5 (byte %d): seq 5 does not continue the hash chain after seq 4", ledgerPath(dir), off))
+	assert.Contains(t, res.err, "4 records written before it")
+	assert.Equal(t, 4, strings.Count(res.out, "\n"), "the lines before the damage")
+
+	res = runCLI(t, "export", filepath.Join(t.TempDir(), "none"))
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, "is not a run directory")
+}
+
+func TestAnAddressNeedsTheCommandForItsStore(t *testing.T) {
+	for _, args := range [][]string{
+		{"status", "postgres://u:secret@db:5432/agents?run=billing"},
+		{"log", "-follow", "postgresql://db/agents?run=billing"},
+		{"approve", "postgres://db/agents?run=billing", "execute", "-by", "x"},
+	} {
+		res := runCLI(t, args...)
+		assert.Equal(t, 1, res.code, args)
+		assert.Contains(t, res.err, "address, and this runstate command reads run directories only", args)
+		assert.Contains(t, res.err, pgCommand, args)
+		assert.NotContains(t, res.err, "secret", "the password is not printed")
+	}
+	res := runCLI(t, "status", "s3://bucket/run")
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, "s3://bucket/run is a s3:// address, and this runstate command reads run directories only; give a run directory")
+}
+
+func TestDirectoryCommandsRefuseAnAddress(t *testing.T) {
+	for _, args := range [][]string{
+		{"repair", "postgres://db/agents?run=billing"},
+		{"plan", "postgres://db/agents?run=billing", "a"},
+		{"exec", "postgres://db/agents?run=billing", "a", "--", "true"},
+		{"ls", ".", "postgres://db/agents"},
+	} {
+		res := runCLI(t, args...)
+		assert.Equal(t, exitUsage, res.code, args)
+		assert.Contains(t, res.err, "is an address, not a run directory: "+args[0]+" works on run directories only", args)
+	}
+}
+
+// renamedDir is a run directory served as a Source under another name, as
+// a database store would be.
+type renamedDir struct {
+	dirSource
+	name   string
+	opened *int
+}
+
+func (r *renamedDir) Name() string { return r.name }
+
+func (r *renamedDir) Open(ctx context.Context, o *runstate.Options) (*runstate.Run, error) {
+	*r.opened++
+	return r.dirSource.Open(ctx, o)
+}
+
+func TestARegisteredSourceServesTheReadAndOperatorCommands(t *testing.T) {
+	dir := awaitingRun(t)
+	opened := 0
+	o := &Options{Sources: map[string]Opener{"Mem": func(_ context.Context, addr string) (Source, error) {
+		if addr != "mem://billing" {
+			return nil, fmt.Errorf("no run %s", addr)
+		}
+		return &renamedDir{dirSource: dirSource{dir: dir}, name: addr, opened: &opened}, nil
+	}}}
+	run := func(args ...string) result {
+		var out, errb bytes.Buffer
+		code := Run(args, &out, &errb, o)
+		return result{out.String(), errb.String(), code}
+	}
+	for _, cmd := range [][]string{{"status", "-json"}, {"log", "-json"}, {"verify", "-json"}, {"next", "-json"}, {"metrics", "-json"}, {"export"}} {
+		want := readCLI(t, dir, append(cmd, dir)...)
+		got := run(append(cmd, "mem://billing")...)
+		assert.Equal(t, want.code, got.code, cmd)
+		assert.Equal(t, strings.ReplaceAll(want.out, `"dir": "`+dir+`"`, `"dir": "mem://billing"`),
+			strings.ReplaceAll(got.out, `"dir": "`+dir+`"`, `"dir": "mem://billing"`), cmd)
+	}
+	res := run("status", "mem://billing")
+	assert.Equal(t, exitBlocked, res.code)
+	assert.Contains(t, res.out, "do: runstate approve mem://billing execute -by NAME", "the advice names the address")
+
+	res = run("approve", "mem://billing", "execute", "-by", "alice")
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Regexp(t, `approved stage execute \(by alice\): recorded at seq \d+ in mem://billing`, res.out)
+	assert.Equal(t, 1, opened, "the session was opened through the Source")
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	s, _ := st.Stage("execute")
+	assert.Equal(t, runstate.StatePending, s.State, "a failure that needed a person may be begun again")
+
+	res = run("status", "mem://other")
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, "runstate: no run mem://other")
+}
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:secret@db:5432/agents?run=b": "postgres://u:xxxxx@db:5432/agents?run=b",
+		"postgres://u@db/agents?run=b":             "postgres://u@db/agents?run=b",
+		"postgres://u:p@db":                        "postgres://u:xxxxx@db",
+		"runs/billing":                             "runs/billing",
+	} {
+		assert.Equal(t, want, redact(in), in)
+	}
+}

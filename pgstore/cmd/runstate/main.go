@@ -1,0 +1,41 @@
+// Command runstate is the runstate command (github.com/runstate/runstate/cmd/runstate)
+// with runs stored in PostgreSQL: wherever the read and operator commands
+// take DIR (status, log [-follow], verify, next, metrics, export, approve,
+// invalidate, resolve) they also take a run address
+//
+//	postgres://USER@HOST:PORT/DATABASE?run=NAME[&schema=SCHEMA][&sslmode=...]
+//
+// with the same output and -json shapes as for a run directory. run names
+// the run (the name the agents pass to pgstore's DB.Open); schema the
+// pgstore schema (default runstate); the other parameters go to the server
+// as pgx reads them (a password is better in PGPASSWORD or ~/.pgpass than
+// in the URL). The command strips run and schema before pgx sees the DSN.
+//
+// The read commands take no lock and hold no session; status asks the
+// server's pg_locks whether a session's advisory lock is held. log -follow
+// polls the run's records every 100 ms. export writes the records' lines,
+// byte for byte: a valid logs/ledger.jsonl. The operator commands open a
+// short session with a temporary local working directory, removed after.
+// The pipeline commands (exec, effect, plan, skip, await), repair and ls
+// work on run directories only.
+//
+// Install it with
+//
+//	go install github.com/runstate/runstate/pgstore/cmd/runstate@latest
+//
+// or, from a checkout, cd pgstore && go build -o runstate ./cmd/runstate.
+package main
+
+import "github.com/runstate/runstate/cli"
+
+func main() { cli.Main(options()) }
+
+// options are the command's cli.Options: postgres:// and postgresql://
+// addresses are runs in PostgreSQL.
+func options() *cli.Options {
+	return &cli.Options{
+		Sources: map[string]cli.Opener{"postgres": openPG, "postgresql": openPG},
+		Usage: `DIR may also be a run in PostgreSQL: postgres://USER@HOST:PORT/DB?run=NAME[&schema=S]
+(status, log, verify, next, metrics, export, approve, invalidate, resolve).`,
+	}
+}

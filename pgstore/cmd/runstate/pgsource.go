@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/cli"
+	"github.com/runstate/runstate/pgstore"
+)
+
+// pgSource is one run in a pgstore schema: the reads go through pgstore's
+// DB (Inspect, NextSteps, ReadLedger, Verify) and the run's Store (Read,
+// Live); Open opens a session with a temporary working directory.
+type pgSource struct {
+	addr string // the address without its password, for messages
+	run  string
+	db   *pgstore.DB
+	work string // the operator session's working directory, once made
+}
+
+// pollEvery is how often log -follow reads the records after the last one
+// it showed.
+const pollEvery = 100 * time.Millisecond
+
+// openPG connects to the database addr names and returns its run.
+func openPG(ctx context.Context, addr string) (cli.Source, error) {
+	dsn, run, err := splitRun(addr)
+	if err != nil {
+		return nil, err
+	}
+	// Read-only: a command never creates or upgrades the schema (the
+	// operator commands' sessions need a run, so a schema, that exists).
+	db, err := pgstore.ConnectReadOnly(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("runstate: %s: %w", redact(addr), err)
+	}
+	return &pgSource{addr: redact(addr), run: run, db: db}, nil
+}
+
+// splitRun removes the run parameter from a postgres:// address and
+// returns the DSN left (schema, if any, stays: pgstore.Connect takes it)
+// and the run's name.
+func splitRun(addr string) (dsn, run string, err error) {
+	base, query, _ := strings.Cut(addr, "?")
+	var keep []string
+	found := false
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != "run" {
+			if kv != "" {
+				keep = append(keep, kv)
+			}
+			continue
+		}
+		if run, err = url.QueryUnescape(v); err != nil {
+			return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", redact(addr), err)
+		}
+		found = true
+	}
+	if !found || run == "" {
+		example := base + "?"
+		if len(keep) > 0 {
+			example += strings.Join(keep, "&") + "&"
+		}
+		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", redact(addr), redact(example))
+	}
+	if len(keep) > 0 {
+		base += "?" + strings.Join(keep, "&")
+	}
+	return base, run, nil
+}
+
+// redact removes the password from a URL.
+func redact(addr string) string {
+	u, err := url.Parse(addr)
+	if err != nil || u.User == nil {
+		return addr
+	}
+	if _, has := u.User.Password(); !has {
+		return addr
+	}
+	u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	return u.String()
+}
+
+func (s *pgSource) Name() string { return s.addr }
+
+func (s *pgSource) Ledger() string {
+	return fmt.Sprintf("table %s.records, run %s", s.db.Schema(), s.run)
+}
+
+// wrap adds the address to err and, for a run that is not there, the
+// runs that are.
+func (s *pgSource) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgstore.ErrNoRun) {
+		return fmt.Errorf("runstate: %s: %w; %s", s.addr, err, s.others())
+	}
+	return fmt.Errorf("runstate: %s: %w", s.addr, err)
+}
+
+// others says which runs the schema holds, for a run name that is not
+// among them.
+func (s *pgSource) others() string {
+	names, err := s.db.Runs(context.Background())
+	switch {
+	case err != nil:
+		return "check run=NAME and schema=NAME in the address"
+	case len(names) == 0:
+		return fmt.Sprintf("schema %s holds no run: check schema=NAME in the address", s.db.Schema())
+	case len(names) > 10:
+		return fmt.Sprintf("the runs in schema %s include %s ... (%d in all)", s.db.Schema(), strings.Join(names[:10], ", "), len(names))
+	}
+	return fmt.Sprintf("the runs in schema %s: %s", s.db.Schema(), strings.Join(names, ", "))
+}
+
+func (s *pgSource) Inspect(ctx context.Context) (*runstate.Status, error) {
+	st, err := s.db.Inspect(ctx, s.run)
+	return st, s.wrap(err)
+}
+
+func (s *pgSource) NextSteps(ctx context.Context) (string, error) {
+	text, err := s.db.NextSteps(ctx, s.run)
+	return text, s.wrap(err)
+}
+
+// Handoff is the handoff rendered from the run's projection and the
+// records after it: the database keeps no file that could lag.
+func (s *pgSource) Handoff(ctx context.Context) (string, string, error) {
+	text, err := s.NextSteps(ctx)
+	return text, fmt.Sprintf("the handoff of run %s in schema %s", s.run, s.db.Schema()), err
+}
+
+func (s *pgSource) ReadLedger(ctx context.Context, fn func(*runstate.Record) error) error {
+	return s.wrap(s.db.ReadLedger(ctx, s.run, fn))
+}
+
+func (s *pgSource) Verify(ctx context.Context) (*runstate.Report, error) {
+	rep, err := s.db.Verify(ctx, s.run)
+	return rep, s.wrap(err)
+}
+
+func (s *pgSource) VerifyChecks() string {
+	return "and so do the store's own checks (the run's head row, every output's blob)"
+}
+
+// Alive asks pg_locks whether each session's advisory lock is held; it
+// takes no lock. When the server cannot tell, every session is alive.
+func (s *pgSource) Alive(ctx context.Context, sessions []string) map[string]bool {
+	live, err := s.db.Store(s.run).Live(ctx, sessions)
+	if err != nil {
+		live = make(map[string]bool, len(sessions))
+		for _, id := range sessions {
+			live[id] = true
+		}
+	}
+	return live
+}
+
+// lines calls fn with each record line after seq after, checking the
+// chain from c (the state after seq after).
+func (s *pgSource) lines(ctx context.Context, c *cli.Chain, fn func(line []byte, r *runstate.Record) error) error {
+	_, err := s.db.Store(s.run).Read(ctx, runstate.Position{Seq: c.Seq}, func(line []byte) error {
+		r, err := c.Next(line)
+		if err != nil {
+			return fmt.Errorf("runstate: %s: record %d: %v: the run's records are damaged; run 'runstate verify %s'", s.addr, c.Seq+1, err, s.addr)
+		}
+		return fn(line, r)
+	})
+	return s.wrap(err)
+}
+
+// Follow reads the records after the last one shown every pollEvery.
+func (s *pgSource) Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error {
+	var c cli.Chain
+	if after > 0 { // the chain up to the last record shown
+		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error {
+			if r.Seq == after {
+				return errStop
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStop) {
+			return err
+		}
+	}
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error { return fn(r) })
+		if err != nil && ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// errStop ends a read early.
+var errStop = errors.New("stop")
+
+func (s *pgSource) Export(ctx context.Context, w io.Writer) (int64, error) {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	var c cli.Chain
+	var n int64
+	err := s.lines(ctx, &c, func(line []byte, _ *runstate.Record) error {
+		if _, err := bw.Write(line); err != nil {
+			return err
+		}
+		n++
+		return bw.WriteByte('\n')
+	})
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
+	}
+	return n, err
+}
+
+// Open opens a session on the run with a working directory of its own
+// (the operator commands write no outputs), removed by Close.
+func (s *pgSource) Open(ctx context.Context, opts *runstate.Options) (*runstate.Run, error) {
+	if s.work == "" {
+		dir, err := os.MkdirTemp("", "runstate-operator-")
+		if err != nil {
+			return nil, err
+		}
+		s.work = dir
+	}
+	r, err := s.db.Open(ctx, s.run, s.work, opts)
+	return r, s.wrap(err)
+}
+
+func (s *pgSource) Close() error {
+	s.db.Close()
+	if s.work != "" {
+		return os.RemoveAll(s.work)
+	}
+	return nil
+}
