@@ -1,7 +1,6 @@
 package runstate
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,11 +9,10 @@ import (
 	"time"
 )
 
-// The two ways of BenchmarkReplayFactsAhead and
-// BenchmarkCheckpointCheckBeside are measured in the same process,
-// iteration by iteration in alternating order, so that the load of other
-// processes on a shared machine falls on both alike; each reports the
-// median of each way and the gain.
+// The two ways of BenchmarkReplayFactsAhead are measured in the same
+// process, iteration by iteration in alternating order, so that the load
+// of other processes on a shared machine falls on both alike; it reports
+// the median of each way and the gain.
 
 // alternate runs each of the two ways of fn once per iteration, in
 // alternating order, and reports the median of each and how much less
@@ -58,27 +56,6 @@ func BenchmarkReplayFactsAhead(b *testing.B) {
 		rep, err := Verify(dir)
 		if err != nil || rep.Records < n {
 			b.Fatal(err, rep.Records)
-		}
-	})
-}
-
-// BenchmarkCheckpointCheckBeside is a checkpoint (Do with one WriteFile)
-// with the check that the ledger and the journal are still the session's
-// files run beside the batch's fsync (checkBeside), and before the batch
-// is written (before): ns per checkpoint each.
-func BenchmarkCheckpointCheckBeside(b *testing.B) {
-	r, err := Open(b.TempDir(), &Options{Request: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	ctx := context.Background()
-	alternate(b, [2]string{"beside-ns", "before-ns"}, 1, func(on bool) { checkBeside = on }, func(i int) {
-		name := fmt.Sprintf("s%d", i)
-		if err := r.Do(ctx, name, func(_ context.Context, st *Stage) error {
-			return st.WriteFile("artifacts/"+name, []byte("result of the stage: 42 lines changed\n"))
-		}); err != nil {
-			b.Fatal(err)
 		}
 	})
 }

@@ -15,10 +15,6 @@ import (
 // after that would be lost.
 type fileIDs struct {
 	ledger, wal fileID
-	// due: checkFiles let a batch that asks for an fsync through, and
-	// makeDurable checks the ledger (and, for the ring, the journal)
-	// while the batch's fsync runs (checkDurable).
-	due bool
 }
 
 // fileID identifies an open file: device and inode where the system has
@@ -44,59 +40,16 @@ var errReplaced = errors.New("it is no longer the file this session opened (dele
 // batch is to be made durable in it: one made durable by the ledger's own
 // fdatasync does not depend on it.
 //
-// When the batch will be made durable (not NoSync), the check runs in
-// makeDurable, beside the batch's fsync (checkDurable), not here: a statx
-// walks a path, 2-3 µs each on the development machine, which the fsync's
-// wait hides. If it fails, none of the batch's records is acknowledged and
-// the Run is read-only, as when an fsync fails, and the bytes went to the
-// file the session has open, which nobody reads. Without an fsync
-// (NoSync) it checks here.
-func (s *dirStore) checkBatch() error {
-	if checkBeside && !s.opts.NoSync && s.ids.ledger != (fileID{}) {
-		s.ids.due = true
-		return nil
-	}
-	return s.checkFile(ledgerFile, s.ids.ledger)
-}
-
-// checkBeside lets checkBatch and checkJournal run beside the batch's
-// fsync, on a goroutine of their own; off, they run before the batch is
-// made durable, and syncBatch checks the journal before it writes the
-// ring (BenchmarkCheckpointCheckBeside compares the two). It is off: in
-// perfreport's alternating rounds on a quiet machine (two rounds each,
-// the same session), a checkpoint without an output cost 1.59x the raw
-// floor with it on and 1.49x off, against 1.42-1.49x before the
-// hardening's check moved beside the fsync; the goroutine's start and
-// wake-up cost more than the statx it hides.
-var checkBeside = false
-
-// checkDurable starts the checks a batch made durable the way way needs:
-// the ledger's when checkBatch let the batch through (due), and the
-// journal's for the ring. The caller receives their result from the
-// channel once the batch's fsync is done; nil when nothing is to be
-// checked. The leader calls it, under the ledger lock.
-func (s *dirStore) checkDurable(way int) <-chan error {
-	ledger, journal := s.ids.due, checkBeside && way == wayRing && s.ids.wal != (fileID{})
-	s.ids.due = false
-	if !ledger && !journal {
-		return nil
-	}
-	ch := make(chan error, 1)
-	go func() {
-		var err error
-		if ledger {
-			err = s.checkFile(ledgerFile, s.ids.ledger)
-		}
-		if err == nil && journal {
-			err = s.checkJournal()
-		}
-		ch <- err
-	}()
-	return ch
-}
+// A statx walks a path: 2-3 µs each on the development machine. Running
+// the checks on a goroutine beside the batch's fsync, to hide that, was
+// measured slower (perfreport, alternating rounds: a checkpoint without an
+// output 1.59x the raw floor against 1.49x inline): the goroutine's start
+// and wake-up cost more than the statx.
+func (s *dirStore) checkBatch() error { return s.checkFile(ledgerFile, s.ids.ledger) }
 
 // checkJournal is checkFile for logs/ledger.wal, for a batch that the
-// ring alone will hold durably (checkDurable).
+// ring alone will hold durably (syncBatch checks it before writing the
+// ring).
 func (s *dirStore) checkJournal() error { return s.checkFile(walFile, s.ids.wal) }
 
 // checkFile reports, as a sticky WriteError naming the file, a file (rel,

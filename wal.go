@@ -325,14 +325,7 @@ func (s *dirStore) makeDurable(b, span []byte, pos chain) error {
 		}
 	}
 	t := time.Now()
-	check := s.checkDurable(way) // beside the fsync: see checkFiles
-	err := s.syncBatch(way, b, span, pos)
-	if check != nil {
-		if cerr := <-check; cerr != nil {
-			return cerr // replaced under this session: nothing of the batch is acknowledged
-		}
-	}
-	if err != nil {
+	if err := s.syncBatch(way, b, span, pos); err != nil {
 		return err
 	}
 	if j.f != nil && j.note(way, time.Since(t)) {
@@ -354,10 +347,8 @@ func (s *dirStore) syncBatch(way int, b, span []byte, pos chain) error {
 		j.synced, j.covered = end, end
 		return nil
 	}
-	if !checkBeside {
-		if err := s.checkJournal(); err != nil {
-			return err
-		}
+	if err := s.checkJournal(); err != nil {
+		return err
 	}
 	data := b
 	if span != nil {
