@@ -147,6 +147,24 @@ func (st *Stage) Output(path string) error {
 	return nil
 }
 
+// endOutputs is the start of Complete and Await (the caller holds st.mu):
+// the attempt must still be open, and its outputs are hashed and, where
+// the store keeps outputs' bytes (blobs.go), stored before the end record
+// names them.
+func (st *Stage) endOutputs() ([]Output, error) {
+	if err := st.check(); err != nil {
+		return nil, err
+	}
+	outs, err := st.collectOutputs()
+	if err != nil {
+		return nil, st.closedOr(err)
+	}
+	if err := st.run.storeOutputs(context.Background(), outs); err != nil {
+		return nil, st.closedOr(err)
+	}
+	return outs, nil
+}
+
 // collectOutputs hashes the declared outputs and returns every output in
 // path order.
 func (st *Stage) collectOutputs() ([]Output, error) {
@@ -181,15 +199,9 @@ func (st *Stage) collectOutputs() ([]Output, error) {
 func (st *Stage) Complete() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	outs, err := st.collectOutputs()
+	outs, err := st.endOutputs()
 	if err != nil {
-		return st.closedOr(err)
-	}
-	if err := st.run.storeOutputs(context.Background(), outs); err != nil { // blobs.go
-		return st.closedOr(err)
+		return err
 	}
 	now, err := st.run.gather(st.ev.list)
 	stale := ""
@@ -282,15 +294,9 @@ func (st *Stage) Fail(err error) error {
 func (st *Stage) Await(reason string) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if err := st.check(); err != nil {
-		return err
-	}
-	outs, err := st.collectOutputs()
+	outs, err := st.endOutputs()
 	if err != nil {
-		return st.closedOr(err)
-	}
-	if err := st.run.storeOutputs(context.Background(), outs); err != nil { // blobs.go
-		return st.closedOr(err)
+		return err
 	}
 	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
 		if _, err := st.running(s); err != nil {
