@@ -186,7 +186,7 @@ func TestFaultFsyncFailureIsSticky(t *testing.T) {
 	require.NoError(t, doWrite(r, "a", "A"))
 	st, err := r.Begin(ctx, "b")
 	require.NoError(t, err)
-	// A checkpoint's fsync is the ledger's or the journal's (wal.go),
+	// A checkpoint's fsync is the ledger's or the journal's (store_file_wal.go),
 	// whichever is faster here: the first of them fails.
 	ffs.Inject(faultfs.Rule{Op: faultfs.OpSync, Path: "ledger.wal", Err: syscall.EIO, Times: 1})
 	ffs.Inject(faultfs.Rule{Op: faultfs.OpSync, Path: "ledger.jsonl", Err: syscall.EIO, Times: 1})
@@ -483,7 +483,7 @@ func TestFaultPowerLoss(t *testing.T) {
 		require.Positive(t, n, "%s crossed", p)
 		for skip := 0; skip < n; skip++ {
 			// Each batch made durable by the ledger's fdatasync, by the
-			// journal's ring (wal.go), and by whichever is faster here,
+			// journal's ring (store_file_wal.go), and by whichever is faster here,
 			// switching between them as the Run measures.
 			for _, way := range []durableWay{durableLedgerOnly, durableRingOnly, durableMeasured} {
 				// Nothing unsynced kept; a random part kept, every

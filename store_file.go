@@ -13,19 +13,25 @@ import (
 
 // The file store: a run directory (the package doc lists its files). It is
 // the only code that knows the ledger's files, logs/ledger.wal, the lock
-// files and the torn-tail files. Its files:
+// files and the torn-tail files. Every file of it is named store_file*:
 //
-//	store_file.go          dirStore: Open (recovery), Lock, Read, Live, Close
-//	store_file_batch.go    dirBatch: catch-up and torn tail, append, fsync, projections
-//	store_file_session.go  session lock files: liveness and its proof, stale files
-//	store_file_handoff.go  logs/next-steps.txt published through hard links
-//	wal.go                 logs/ledger.wal: the journal ring, its way-picking and recovery
-//	lockwait.go            waiting for logs/ledger.lock, naming its holder
-//	filecheck*.go          the ledger and the journal are still the files opened
-//	newrun.go              never creating a run over a lost one
-//	pathguard*.go          runstate's own files are what they should be
-//	fs.go                  the file system seam (fault injection in tests)
-//	lock_*.go, lockinfo_*.go, sync_*.go: what differs by platform
+//	store_file.go           dirStore: Open (recovery), Lock, Read, Live, Close
+//	store_file_batch.go     dirBatch: catch-up and torn tail, append, fsync, projections
+//	store_file_session.go   session lock files: liveness and its proof, stale files
+//	store_file_handoff.go   logs/next-steps.txt published through hard links
+//	store_file_read.go      Inspect, ReadLedger and Verify of a directory, without a session
+//	store_file_repair.go    Repair: cutting a damaged ledger back to its last good record
+//	store_file_wal.go       logs/ledger.wal: the journal ring and its way-picking
+//	store_file_wal_recover.go  what the journal holds that the ledger lost, written back
+//	store_file_lockwait.go  waiting for logs/ledger.lock, naming its holder
+//	store_file_check*.go    the ledger and the journal are still the files opened
+//	store_file_newrun.go    never creating a run over a lost one
+//	store_file_fs.go        the file system seam (fault injection in tests)
+//	store_file_lock_*.go, store_file_lockinfo_*.go, store_file_sync_*.go:
+//	                        what differs by platform
+//
+// pathguard*.go (runstate's own files are what they should be) serves the
+// file store and the outputs of every store.
 
 // Paths inside a run directory.
 const (
@@ -46,13 +52,13 @@ type dirStore struct {
 
 	session string
 	host    string
-	dirFD   *os.File // the run directory, for lookups relative to it (filecheck)
+	dirFD   *os.File // the run directory, for lookups relative to it (store_file_check.go)
 
 	lock    *ledgerLock  // logs/ledger.lock, taken for every append batch
-	ids     fileIDs      // which files the ledger and the journal are (filecheck.go)
+	ids     fileIDs      // which files the ledger and the journal are (store_file_check.go)
 	sesLock *flock.Flock // logs/sessions/<session>.lock, held while open
 	ledger  file         // logs/ledger.jsonl, opened for append and read
-	wal     journal      // logs/ledger.wal: see wal.go
+	wal     journal      // logs/ledger.wal: see store_file_wal.go
 
 	// opened is the state Open read (loadState), handed to the Run once
 	// so that it does not read the ledger again (openedState).
@@ -197,7 +203,7 @@ func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, 
 	}
 
 	// Records a machine crash kept out of the ledger, or left damaged in
-	// its unsynced part, are read from the journal (see wal.go) before
+	// its unsynced part, are read from the journal (see store_file_wal.go) before
 	// the ledger is judged, and written back before anything else.
 	st, snap, restored, err := loadState(s.fs, s.abs, f)
 	if err != nil {
@@ -350,7 +356,7 @@ func (s *dirStore) TryLock(from Position) (Batch, bool, error) {
 }
 
 // Read passes the ledger's lines after from, with the records a machine
-// crash left only in logs/ledger.wal in their place (see wal.go). A store
+// crash left only in logs/ledger.wal in their place (see store_file_wal.go). A store
 // that is open reads through its own handle on the ledger.
 func (s *dirStore) Read(ctx context.Context, from Position, fn func(line []byte) error) (int64, error) {
 	c := chainAt(from)

@@ -82,8 +82,8 @@ func (b *dirBatch) write(lines []byte, to Position) error {
 }
 
 // Sync makes the ledger durable up to the leader's last Append, through
-// the journal or the ledger's own fdatasync (wal.go). Before it, the
-// ledger's name must still lead to the file appended to (filecheck.go).
+// the journal or the ledger's own fdatasync (store_file_wal.go). Before it, the
+// ledger's name must still lead to the file appended to (store_file_check.go).
 // For a new run it also makes the names of the ledger, of logs/ and of
 // the run directory durable, or a power loss could drop the whole run
 // although its create record was fsync'd.

@@ -44,7 +44,7 @@ func (s *dirStore) readState() (*state, int64, error) {
 	}
 	defer f.Close()
 	// Records a machine crash kept out of the ledger, or damaged in it,
-	// are read from the journal (wal.go).
+	// are read from the journal (store_file_wal.go).
 	st, _, _, err := loadState(s.fs, s.dir, osFile{f})
 	if err != nil {
 		return nil, 0, err

@@ -171,7 +171,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	}
 	err = scan()
 	if len(j.tail) > 0 && (err == nil || o.TruncateAt > 0) {
-		// Records a machine crash left only in the journal (wal.go), or
+		// Records a machine crash left only in the journal (store_file_wal.go), or
 		// damaged in the ledger's unsynced part: copy them in first,
 		// before any cut; the bytes they replace are saved aside.
 		saved, rerr := restoreJournal(fsys, dir, "repair", f, j)

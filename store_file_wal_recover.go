@@ -10,7 +10,7 @@ import (
 )
 
 // Reading logs/ledger.wal after a crash: the records only the journal
-// holds, where the ledger lost them, and writing them back (see wal.go).
+// holds, where the ledger lost them, and writing them back (see store_file_wal.go).
 
 // journalTail returns the records that only the journal holds past pos
 // (the end of the ledger's last good record): the ring's bytes from pos
@@ -282,7 +282,7 @@ func clearJournal(fsys fileSystem, dir string) error {
 // journalAgrees reports whether the ledger f may be read from the snapshot
 // at pos without looking at the bytes before it. A power loss may have
 // damaged the ledger's bytes that were not fdatasync'd: those from the
-// newest header slot's end less the ring's size on (wal.go keeps the
+// newest header slot's end less the ring's size on (store_file_wal.go keeps the
 // bytes before that durable in the ledger itself). A snapshot after some
 // of them would skip damage that the journal can still repair, and that
 // the next lap of the ring would make permanent; so the lines from there

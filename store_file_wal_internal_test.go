@@ -17,7 +17,7 @@ import (
 	"github.com/runstate/runstate/internal/faultfs"
 )
 
-// The journal (logs/ledger.wal, wal.go): acknowledged records survive a
+// The journal (logs/ledger.wal, store_file_wal.go): acknowledged records survive a
 // power loss although the ledger itself is synced only when the ring
 // wraps and on Close.
 
