@@ -37,7 +37,7 @@ type handoffTimer struct {
 // run's lock, so the newest one wins, and stMu.
 func (r *Run) writeNextSteps(b Batch) {
 	r.c.lag.behind = false
-	b.Publish(r.st.position(), nil, []byte(r.st.nextSteps(r.cmdDir)))
+	b.Publish(r.st.position(), nil, []byte(r.st.nextStepsIn(r.where)))
 }
 
 // flushHandoffLater arms the timer that republishes the handoff when it

@@ -15,13 +15,49 @@ import (
 // nextStepsFile is the handoff, relative to the run directory.
 const nextStepsFile = "logs/next-steps.txt"
 
-// nextSteps renders the handoff: one short page that a person or a fresh
-// agent can act on in ten seconds. Its first line names the ledger seq it
-// reflects, so a reader can tell whether it is behind. dir is the run
-// directory as its commands name it (dirArg). Every text from the ledger
-// is escaped (escape.Text): the page holds no control character but its
-// line breaks.
+// place is where the handoff says the run is: cmd, the run as its
+// commands name it (dirArg: a run directory, or a store's address); look,
+// the "look at:" lines of a store that names its own places (Addresser),
+// escaped; nil for a run directory, whose files the page names; cmds: the
+// page ends with "runstate status CMD; runstate log CMD".
+type place struct {
+	cmd  string
+	look []string
+	cmds bool
+}
+
+// placeOf is where the handoff of the run in s says it is: a run
+// directory dir, unless s is an Addresser.
+func placeOf(s Store, dir string) place {
+	a, ok := s.(Addresser)
+	if !ok {
+		return place{cmd: dirArg(dir), cmds: true}
+	}
+	p := place{cmd: dirArg(dir), look: []string{}}
+	if addr := a.Address(); addr != "" {
+		p.cmd, p.cmds = dirArg(addr), true
+	}
+	for _, line := range a.LookAt() {
+		p.look = append(p.look, oneLine(line))
+	}
+	return p
+}
+
+// nextSteps renders the handoff of a run directory (nextStepsIn), whose
+// commands name it as dir (dirArg).
 func (s *state) nextSteps(dir string) string {
+	return s.nextStepsIn(place{cmd: dir, cmds: true})
+}
+
+// nextStepsIn renders the handoff: one short page that a person or a
+// fresh agent can act on in ten seconds. Its first line names the ledger
+// seq it reflects, so a reader can tell whether it is behind. at says
+// where the run is: its commands name at.cmd, its "look at:" lines are a
+// run directory's files or the store's own. Every text from the ledger is
+// escaped (escape.Text): the page holds no control character but its
+// line breaks.
+func (s *state) nextStepsIn(at place) string {
+	dir := at.cmd
 	var b strings.Builder
 	b.Grow(1024)
 	fmt.Fprintf(&b, "runstate handoff: run %s, as of ledger seq %d (%s)\n", escape.Text(s.identity.ID), s.pos.seq, s.lastAt().Format(time.RFC3339))
@@ -116,13 +152,21 @@ func (s *state) nextSteps(dir string) string {
 	}
 	b.WriteString("\n")
 	lead := "look at:  "
-	if !strings.Contains(dir, "://") { // a run directory, not a store's address
+	if at.look == nil { // a run directory
 		b.WriteString("look at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n")
 		b.WriteString("          manifest.json (stages, artifacts with hashes, effects)\n")
 		lead = "          "
 	}
-	for _, part := range []string{lead, "runstate status ", dir, "; runstate log ", dir, "\n"} {
-		b.WriteString(part) // no Fprintf: boxing dir would allocate on every append
+	for _, line := range at.look {
+		b.WriteString(lead)
+		b.WriteString(line)
+		b.WriteString("\n")
+		lead = "          "
+	}
+	if at.cmds {
+		for _, part := range []string{lead, "runstate status ", dir, "; runstate log ", dir, "\n"} {
+			b.WriteString(part) // no Fprintf: boxing dir would allocate on every append
+		}
 	}
 	return b.String()
 }

@@ -122,8 +122,8 @@ type Run struct {
 	c     committer // group commit, the handoff's lag, counters (commit.go)
 	notes notifier  // Options.OnRecord (onrecord.go)
 
-	src    string // Options.SourceDir, absolute (sourcedir.go)
-	cmdDir string // the run directory as the handoff names it (dirArg)
+	src   string // Options.SourceDir, absolute (sourcedir.go)
+	where place  // where the handoff says the run is (placeOf)
 }
 
 // Open creates the run in dir, or resumes the run that is there, and starts
@@ -173,7 +173,7 @@ func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 	if err := checkIdentity(&o); err != nil {
 		return nil, err
 	}
-	r := &Run{dir: dir, opts: o, log: o.Logger, store: s, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir), cmdDir: dirArg(dir)}
+	r := &Run{dir: dir, opts: o, log: o.Logger, store: s, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir), where: placeOf(s, dir)}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -238,7 +238,7 @@ func (r *Run) NextSteps() (string, error) {
 	}
 	r.stMu.RLock()
 	defer r.stMu.RUnlock()
-	return r.st.nextSteps(r.cmdDir), nil
+	return r.st.nextStepsIn(r.where), nil
 }
 
 // Refresh reads what other processes appended since this session last

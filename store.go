@@ -31,7 +31,8 @@ import (
 // resume from a snapshot); Store has String (errors name where the
 // records live); TryLocker is an optional extra (the committer's
 // lock-or-hand-off, lead/leadLater, needs a lock attempt that does not
-// wait).
+// wait); Addresser is another (the handoff of a run that is not a
+// directory names the store's places, not logs/ledger.jsonl).
 
 // Position names the last record a Run (or a reader) has seen: the chain's
 // head. The zero Position is before the first record.
@@ -236,6 +237,27 @@ type Blobs interface {
 	// Get returns the bytes stored under sha256 (an error wrapping
 	// fs.ErrNotExist when there are none).
 	Get(ctx context.Context, sha256 string) (io.ReadCloser, error)
+}
+
+// Addresser is a Store that names its own places, for the handoff
+// (logs/next-steps.txt, Run.NextSteps, NextStepsStore): a fresh session
+// reads there where to look at the run. A run directory's handoff names its
+// files (logs/ledger.jsonl, manifest.json) and the runstate commands on
+// the directory; a store without those files (a database, memory) says
+// instead where its records are. The Run asks once, at OpenStore. Safe for
+// concurrent use.
+type Addresser interface {
+	// Address is the run's address as the runstate command takes it
+	// (pgstore: postgres://USER@HOST:PORT/DB?run=NAME), without a
+	// password: the handoff's commands name the run by it and its last
+	// line is "runstate status ADDRESS; runstate log ADDRESS". "" when no
+	// command can read the store (a store in memory): the commands then
+	// name the Run's local directory, and that line is left out.
+	Address() string
+	// LookAt is the handoff's "look at:" paragraph before that line:
+	// where the records are and how to read them, one line each, without
+	// '\n' (the Run escapes them).
+	LookAt() []string
 }
 
 // Verifier is a Store with checks of its own (a database's constraints,

@@ -37,16 +37,53 @@ func TestClosedSessionIsGoneWithoutAskingTheStore(t *testing.T) {
 	assert.Equal(t, 2, st.Attempt())
 }
 
+// addrStore is a Store that names its own places (Addresser).
+type addrStore struct {
+	Store
+	addr string
+	look []string
+}
+
+func (a addrStore) Address() string  { return a.addr }
+func (a addrStore) LookAt() []string { return a.look }
+
 // TestHandoffNamesAStoreAddressAsItIs: the handoff of a run in a store
 // named by an address (pgstore's postgres://...) names it as given, not
-// made into a path, and sends the reader to the commands, not to files
-// that store does not have.
+// made into a path, and sends the reader to the store's places and the
+// commands, not to files that store does not have.
 func TestHandoffNamesAStoreAddressAsItIs(t *testing.T) {
 	addr := "postgres://u@127.0.0.1:5432/db?run=billing&schema=s"
 	assert.Equal(t, escape.Arg(addr), dirArg(addr))
 	s := newState()
-	text := s.nextSteps(dirArg(addr))
+	text := s.nextStepsIn(placeOf(addrStore{addr: addr, look: []string{"table s.records, run billing"}}, t.TempDir()))
 	assert.Contains(t, text, "runstate status "+escape.Arg(addr))
 	assert.NotContains(t, text, "logs/ledger.jsonl")
 	assert.True(t, strings.Contains(s.nextSteps(dirArg(t.TempDir())), "logs/ledger.jsonl"), "a run directory's handoff names its files")
+}
+
+// TestHandoffLookAtLinesComeFromTheStore: a store that names its own
+// places (Addresser) gives the handoff's "look at:" lines, escaped, then
+// the commands on its address; one without an address (memory) gives
+// its lines and no command; a run directory's page ends as it always did.
+func TestHandoffLookAtLinesComeFromTheStore(t *testing.T) {
+	dir := t.TempDir()
+	addr := "postgres://u@db:5432/agents?run=billing"
+	s := newState()
+	text := s.nextStepsIn(placeOf(addrStore{addr: addr, look: []string{"table runstate.records, run billing", "a working dir's view\x1b[31m"}}, dir))
+	want := "look at:  table runstate.records, run billing\n" +
+		"          a working dir's view\\x1b[31m\n" +
+		"          runstate status " + escape.Arg(addr) + "; runstate log " + escape.Arg(addr) + "\n"
+	assert.True(t, strings.HasSuffix(text, want), "the store's lines, escaped, then its commands:\n%s", text)
+	assert.NotContains(t, text, "ledger.jsonl")
+	assert.NotContains(t, text, "manifest.json")
+
+	text = s.nextStepsIn(placeOf(addrStore{look: []string{"memory store 1: the records, in this process only"}}, dir))
+	assert.True(t, strings.HasSuffix(text, "\nlook at:  memory store 1: the records, in this process only\n"), text)
+	assert.NotContains(t, text, "runstate status")
+
+	fileText := s.nextStepsIn(placeOf(newDirStore(dir, Options{}), dir))
+	assert.Equal(t, s.nextSteps(dirArg(dir)), fileText)
+	assert.True(t, strings.HasSuffix(fileText, "\n\nlook at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n"+
+		"          manifest.json (stages, artifacts with hashes, effects)\n"+
+		"          runstate status "+dirArg(dir)+"; runstate log "+dirArg(dir)+"\n"), fileText)
 }

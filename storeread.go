@@ -73,14 +73,16 @@ func InspectStore(ctx context.Context, s Store) (*Status, error) {
 
 // NextStepsStore is NextSteps for the run that s holds: the handoff text,
 // rendered in memory from its records as they stand; dir is the run's
-// directory as the text's commands should name it. It takes no lock and
-// writes nothing. Safe for concurrent use.
+// directory as the text's commands should name it, unless s is an
+// Addresser (then they name its Address, and the page's "look at:" lines
+// are its own, as in the handoff its sessions publish). It takes no lock
+// and writes nothing. Safe for concurrent use.
 func NextStepsStore(ctx context.Context, s Store, dir string) (string, error) {
 	st, _, err := loadStore(ctx, s)
 	if err != nil {
 		return "", err
 	}
-	return st.nextSteps(dirArg(dir)), nil
+	return st.nextStepsIn(placeOf(s, dir)), nil
 }
 
 // ReadStore is ReadLedger for the run that s holds: fn gets each record in

@@ -150,3 +150,38 @@ func TestRedact(t *testing.T) {
 		assert.Equal(t, want, redact(in), in)
 	}
 }
+
+// TestAWorkingDirectoryLeadsToItsRun: a working directory of a run kept
+// elsewhere (its logs/run.json names the address, pgstore writes it) is
+// read at that address by a command that has its Source, and named with
+// what to do by one that has not; a run directory stays a run directory.
+func TestAWorkingDirectoryLeadsToItsRun(t *testing.T) {
+	run := awaitingRun(t)
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"),
+		[]byte(`{"store": "postgres", "address": "postgres://agent@db:5432/agents?run=billing", "schema": "runstate", "run": "billing", "id": "x"}`+"\n"), 0o644))
+
+	var out, errb bytes.Buffer
+	code := Run([]string{"status", work}, &out, &errb, nil)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errb.String(), work+" is a working directory of the run at postgres://agent@db:5432/agents?run=billing")
+	assert.Contains(t, errb.String(), pgCommand)
+
+	var asked string
+	o := &Options{Sources: map[string]Opener{"postgres": func(_ context.Context, addr string) (Source, error) {
+		asked = addr
+		return &renamedDir{dirSource: dirSource{dir: run}, name: addr, opened: new(int)}, nil
+	}}}
+	out.Reset()
+	errb.Reset()
+	code = Run([]string{"status", work}, &out, &errb, o)
+	assert.Equal(t, exitBlocked, code, errb.String())
+	assert.Equal(t, "postgres://agent@db:5432/agents?run=billing", asked)
+	assert.Contains(t, out.String(), "do: runstate approve 'postgres://agent@db:5432/agents?run=billing' execute")
+
+	// logs/run.json beside a ledger: a run directory all the same.
+	require.NoError(t, os.WriteFile(filepath.Join(run, "logs", "run.json"), []byte(`{"address": "postgres://x/y?run=z"}`), 0o644))
+	res := readCLI(t, run, "status", run)
+	assert.Equal(t, exitBlocked, res.code, res.err)
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,13 @@ import (
 // once; exactly one creates it and the others resume it, each as its own
 // session.
 //
+// workDir also holds this machine's view of the run, as a run directory
+// has its projections: logs/next-steps.txt and manifest.json, as of the
+// last record this session saw (each names its seq), rewritten within
+// 50 ms of each change and at Close; and logs/run.json, which names the
+// run's address (no password), so that 'runstate status workDir' finds
+// the run. They are views, never read back: the database is the truth.
+//
 // Open fails with runstate.ErrMismatch when the run serves another
 // Request, as Open does for a directory.
 func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Options) (*runstate.Run, error) {
@@ -34,13 +42,27 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r, err := runstate.OpenStore(db.Store(run), workDir, opts)
+	if workDir == "" {
+		return nil, fmt.Errorf("%w: pgstore: Open needs a working directory", runstate.ErrInvalid)
+	}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return nil, fmt.Errorf("pgstore: cannot create the working directory %s: %w", workDir, err)
+	}
+	v, err := newViews(workDir)
+	if err != nil {
+		return nil, err
+	}
+	s := db.Store(run).(*store)
+	s.pub.views = v
+	r, err := runstate.OpenStore(s, workDir, opts)
 	if err != nil {
 		if errors.Is(err, runstate.ErrMismatch) {
 			return nil, fmt.Errorf("%w (run %q in schema %s: use another run name for other work)", err, run, db.schema)
 		}
 		return nil, err
 	}
+	// Best effort, as the other views: the run is open either way.
+	_ = v.writeRun(runJSON{Store: "postgres", Address: db.Address(run), Schema: db.schema, Run: run, ID: r.ID()})
 	return r, nil
 }
 

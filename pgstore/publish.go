@@ -1,6 +1,14 @@
 package pgstore
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +26,8 @@ type published struct {
 	manifest *projection
 	handoff  *projection
 	wrote    time.Time // the handoff's last write
+	// views, when set (DB.Open), writes them in the working directory too.
+	views *views
 }
 
 type projection struct {
@@ -28,12 +38,19 @@ type projection struct {
 func (p *published) keep(at runstate.Position, manifest, handoff []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if manifest != nil && (p.manifest == nil || p.manifest.at.Seq <= at.Seq) {
-		p.manifest = &projection{at: at, data: manifest}
+	p.manifest = newest(p.manifest, at, manifest)
+	p.handoff = newest(p.handoff, at, handoff)
+	if p.views != nil {
+		p.views.keep(at, manifest, handoff)
 	}
-	if handoff != nil && (p.handoff == nil || p.handoff.at.Seq <= at.Seq) {
-		p.handoff = &projection{at: at, data: handoff}
+}
+
+// newest is data at at, unless it is nil or cur is newer.
+func newest(cur *projection, at runstate.Position, data []byte) *projection {
+	if data == nil || cur != nil && cur.at.Seq > at.Seq {
+		return cur
 	}
+	return &projection{at: at, data: data}
 }
 
 // take returns what is due: the manifest whenever there is one, the
@@ -46,4 +63,192 @@ func (p *published) take(now time.Time, all bool) (manifest, handoff *projection
 		handoff, p.handoff, p.wrote = p.handoff, nil, now
 	}
 	return manifest, handoff
+}
+
+// Address is the run's address for the runstate command (DB.Address):
+// the handoff's commands name the run by it (runstate.Addresser).
+func (s *store) Address() string { return s.db.Address(s.name) }
+
+// LookAt is the handoff's "look at:" paragraph for a run in the database:
+// its records, and each machine's local view (views).
+func (s *store) LookAt() []string {
+	return []string{
+		fmt.Sprintf("table %s.records, run %s (the source of truth, one ledger line a row; runstate export writes a logs/ledger.jsonl)", s.db.schema, s.name),
+		"logs/next-steps.txt, manifest.json in a machine's working directory: that session's view, as of the seq they name",
+	}
+}
+
+// The files views writes in a working directory, relative to it.
+const (
+	viewHandoff  = "logs/next-steps.txt"
+	viewManifest = "manifest.json"
+	viewRun      = "logs/run.json"
+	viewTmp      = "logs/tmp" // the temp files, view-*, renamed over those
+)
+
+// viewsEvery is how long, at most, a working directory's view lags what
+// its session published (and what it waits between two writes, so that a
+// burst of batches costs one write).
+const viewsEvery = 50 * time.Millisecond
+
+// views writes this machine's view of the run into its working directory,
+// as a run directory has it: logs/next-steps.txt and manifest.json, the
+// newest that the session published (Batch.Publish), and logs/run.json,
+// which says where the run is (runJSON). They are projections of the
+// records the session has seen, each naming the seq it reflects; nothing
+// reads them back (Open resumes from the database's projection), so a lost
+// or stale one costs nothing but a look. A timer's goroutine writes them,
+// each through a temp file in logs/tmp and a rename, never a batch: within
+// viewsEvery of a Publish, and at a clean Close (the close record's). The
+// paths go through an os.Root of the directory. Safe for concurrent use.
+type views struct {
+	root *os.Root
+
+	mu       sync.Mutex
+	manifest *projection // not yet written
+	handoff  *projection
+	wrote    time.Time   // the last write
+	timer    *time.Timer // armed: a write is due
+	closed   bool
+	writing  sync.WaitGroup // a timer's write under way
+	write    sync.Mutex     // one write at a time
+	err      error          // the last write's error (tests)
+}
+
+// newViews opens the working directory dir (which exists) for a session's
+// views, and removes the temp files that a killed write left there.
+func newViews(dir string) (*views, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: open the working directory %s: %w", dir, err)
+	}
+	v := &views{root: root}
+	if err := root.MkdirAll(viewTmp, 0o755); err != nil {
+		root.Close()
+		return nil, fmt.Errorf("pgstore: create %s: %w", filepath.Join(dir, viewTmp), err)
+	}
+	if ents, err := fs.ReadDir(root.FS(), viewTmp); err == nil {
+		for _, e := range ents {
+			// A write takes microseconds: a minute-old temp file is a
+			// killed write's, not another session's in this directory.
+			if info, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), "view-") && time.Since(info.ModTime()) > time.Minute {
+				_ = root.Remove(viewTmp + "/" + e.Name())
+			}
+		}
+	}
+	return v, nil
+}
+
+// keep takes the newest projections (nil: unchanged) and arms the write.
+func (v *views) keep(at runstate.Position, manifest, handoff []byte) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return
+	}
+	v.manifest = newest(v.manifest, at, manifest)
+	v.handoff = newest(v.handoff, at, handoff)
+	if v.timer == nil && (v.manifest != nil || v.handoff != nil) {
+		v.writing.Add(1)
+		v.timer = time.AfterFunc(max(0, viewsEvery-time.Since(v.wrote)), func() {
+			defer v.writing.Done()
+			v.flush()
+		})
+	}
+}
+
+// flush writes what is due.
+func (v *views) flush() {
+	v.write.Lock()
+	defer v.write.Unlock()
+	v.mu.Lock()
+	m, h := v.manifest, v.handoff
+	v.manifest, v.handoff, v.timer = nil, nil, nil
+	v.mu.Unlock()
+	var err error
+	if h != nil {
+		err = v.put(viewHandoff, h.data)
+	}
+	if m != nil {
+		if merr := v.put(viewManifest, m.data); err == nil {
+			err = merr
+		}
+	}
+	v.mu.Lock()
+	v.wrote, v.err = time.Now(), err
+	v.mu.Unlock()
+}
+
+// put replaces the file rel with data: a temp file, then a rename.
+func (v *views) put(rel string, data []byte) error {
+	tmp := viewTmp + "/view-" + randomName()
+	f, err := v.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("pgstore: write %s: %w", filepath.Join(v.root.Name(), rel), err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = v.root.Rename(tmp, rel)
+	}
+	if err != nil {
+		_ = v.root.Remove(tmp)
+		return fmt.Errorf("pgstore: write %s: %w", filepath.Join(v.root.Name(), rel), err)
+	}
+	return nil
+}
+
+// close writes what is left when clean (the session's last view) and
+// ends the views; without clean, as a killed process, it writes nothing
+// more. It waits for a write under way. Idempotent.
+func (v *views) close(clean bool) {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return
+	}
+	v.closed = true
+	if v.timer != nil && v.timer.Stop() {
+		v.writing.Done()
+	}
+	v.timer = nil
+	v.mu.Unlock()
+	v.writing.Wait()
+	if clean {
+		v.flush()
+	}
+	v.root.Close()
+}
+
+// runJSON is logs/run.json: where the run of a working directory is, for
+// a person and for the runstate command (runstate status DIR reads the run
+// at Address). No credentials: Address has no password.
+type runJSON struct {
+	Store   string `json:"store"` // "postgres"
+	Address string `json:"address"`
+	Schema  string `json:"schema"`
+	Run     string `json:"run"`
+	ID      string `json:"id"` // the run's id (its create record's)
+}
+
+// writeRun writes logs/run.json.
+func (v *views) writeRun(rj runJSON) error {
+	data, err := json.MarshalIndent(rj, "", "  ")
+	if err != nil {
+		return err
+	}
+	v.write.Lock()
+	defer v.write.Unlock()
+	return v.put(viewRun, append(data, '\n'))
+}
+
+func randomName() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -195,6 +195,7 @@ func (s *store) Blobs() runstate.Blobs { return s.blobs }
 // Close ends the session: clean, its lock released and its row removed;
 // otherwise as a killed process would. Close is idempotent.
 func (s *store) Close(clean bool) error {
+	s.pub.views.close(clean) // the working directory's last view (publish.go)
 	s.mu.Lock()
 	ses := s.ses
 	s.ses = nil

@@ -180,6 +180,15 @@ func (s *memSession) String() string { return s.m.String() }
 
 func (s *memSession) Blobs() runstate.Blobs { return nil }
 
+// Address is "": no runstate command reads a memory store
+// (runstate.Addresser), so the handoff names no command on it.
+func (s *memSession) Address() string { return "" }
+
+// LookAt says where the records of a memory store are, for the handoff.
+func (s *memSession) LookAt() []string {
+	return []string{s.m.String() + ": the records, in this process only (MemStore.Lines, Run.Status, Run.NextSteps)"}
+}
+
 // Open registers the session, live until Close or a Crash, and returns
 // the newest snapshot, if it still matches the records.
 func (s *memSession) Open(_ context.Context, session string) ([]byte, runstate.Position, error) {

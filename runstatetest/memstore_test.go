@@ -294,3 +294,39 @@ func TestMemStoreSnapshotMatchesRecords(t *testing.T) {
 		t.Errorf("a session closed as crashed is alive")
 	}
 }
+
+// TestMemStoreHandoffSaysWhereItsRecordsAre: a memory store's handoff
+// names the store, not a run directory's files (logs/ledger.jsonl,
+// manifest.json) that its working directory does not have, nor a runstate
+// command that cannot read it; the published handoff is the same text.
+func TestMemStoreHandoffSaysWhereItsRecordsAre(t *testing.T) {
+	ctx := context.Background()
+	m := runstatetest.NewMemStore()
+	dir := t.TempDir()
+	r, err := m.Open(dir, &runstate.Options{Request: "handoff"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Plan(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	text, err := r.NextSteps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text, "look at:  "+m.String()+": the records, in this process only") {
+		t.Errorf("the handoff does not name the memory store:\n%s", text)
+	}
+	for _, bad := range []string{"ledger.jsonl", "manifest.json", "runstate status", dir} {
+		if strings.Contains(text, bad) {
+			t.Errorf("the handoff names %q, which a memory store does not have:\n%s", bad, text)
+		}
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(m.Handoff()); !strings.HasSuffix(got, text[strings.Index(text, "\nlook at:"):]) {
+		t.Errorf("the published handoff ends otherwise:\n%s", got)
+	}
+}

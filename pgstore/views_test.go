@@ -1,0 +1,145 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// readView reads a file of a working directory's view.
+func readView(t *testing.T, dir, rel string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
+	require.NoError(t, err, "the working directory has %s", rel)
+	return string(data)
+}
+
+// manifestSeq is the seq and run id a manifest.json names.
+func manifestSeq(t *testing.T, text string) (int64, string) {
+	t.Helper()
+	var m struct {
+		ID  string `json:"id"`
+		Seq int64  `json:"seq"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(text), &m), text)
+	return m.Seq, m.ID
+}
+
+// TestWorkDirHoldsTheMachinesView: a PostgreSQL run's working directory
+// has logs/next-steps.txt, manifest.json and logs/run.json as a run
+// directory has its projections: after Close they say what the database
+// says (DB.NextSteps, DB.Inspect), name the run's address, and each
+// machine's directory shows its own session's view.
+func TestWorkDirHoldsTheMachinesView(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dirA, dirB := t.TempDir(), t.TempDir()
+	opts := &runstate.Options{Request: "views"}
+	addr := "'" + db.Address("r") + "'" // quoted for a shell: it has an &
+
+	a, err := db.Open(ctx, "r", dirA, opts)
+	require.NoError(t, err)
+	require.NoError(t, a.Plan(ctx, "make", "use"))
+	require.NoError(t, a.Do(ctx, "make", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out/made.txt", []byte("made\n"))
+	}))
+	require.NoError(t, a.Close())
+	nextA, err := db.NextSteps(ctx, "r")
+	require.NoError(t, err)
+	stA, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+
+	handoffA := readView(t, dirA, "logs/next-steps.txt")
+	assert.Equal(t, nextA, handoffA, "machine A's handoff is the database's as A left it")
+	assert.Contains(t, handoffA, "runstate status "+addr)
+	seq, id := manifestSeq(t, readView(t, dirA, "manifest.json"))
+	assert.Equal(t, stA.Seq, seq, "manifest.json is as of A's last record")
+	assert.Equal(t, stA.ID, id)
+
+	var rj runJSON
+	require.NoError(t, json.Unmarshal([]byte(readView(t, dirA, "logs/run.json")), &rj))
+	assert.Equal(t, runJSON{Store: "postgres", Address: db.Address("r"), Schema: db.schema, Run: "r", ID: stA.ID}, rj)
+
+	b, err := db.Open(ctx, "r", dirB, opts)
+	require.NoError(t, err)
+	require.NoError(t, b.Do(ctx, "use", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out/used.txt", []byte("used\n"))
+	}, runstate.After("make")))
+	require.NoError(t, b.Close())
+	nextB, err := db.NextSteps(ctx, "r")
+	require.NoError(t, err)
+	stB, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	require.Greater(t, stB.Seq, stA.Seq)
+
+	assert.Equal(t, nextB, readView(t, dirB, "logs/next-steps.txt"), "machine B's handoff is the database's as B left it")
+	seq, _ = manifestSeq(t, readView(t, dirB, "manifest.json"))
+	assert.Equal(t, stB.Seq, seq)
+	assert.Equal(t, handoffA, readView(t, dirA, "logs/next-steps.txt"), "machine A's directory keeps A's view")
+	seq, _ = manifestSeq(t, readView(t, dirA, "manifest.json"))
+	assert.Equal(t, stA.Seq, seq)
+	tmp, err := os.ReadDir(filepath.Join(dirB, "logs", "tmp"))
+	require.NoError(t, err)
+	assert.Empty(t, tmp, "no temp file is left")
+}
+
+// TestWorkDirViewKeepsUpWhileRunning: while a session runs, its working
+// directory's handoff follows its records within viewsEvery (the
+// operator's cat logs/next-steps.txt), not only at Close.
+func TestWorkDirViewKeepsUpWhileRunning(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "views"})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.Plan(ctx, "one", "two"))
+	require.NoError(t, r.Do(ctx, "one", func(context.Context, *runstate.Stage) error { return nil }))
+	want, err := r.NextSteps()
+	require.NoError(t, err)
+	deadline := time.Now().Add(10 * time.Second) // viewsEvery, on a loaded machine
+	var got string
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+		if got = string(data); got == want {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	assert.Equal(t, want, got, "the working directory's handoff is the session's")
+	assert.Contains(t, got, "one complete")
+}
+
+// TestRunHandoffNamesTheDatabasesPlaces: the handoff a PostgreSQL run's
+// session renders and publishes names the run by its address, and its
+// "look at:" lines name the records table and the commands on the
+// address, not a run directory's logs/ledger.jsonl nor the working
+// directory; it is the text DB.NextSteps renders.
+func TestRunHandoffNamesTheDatabasesPlaces(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "billing", dir, &runstate.Options{Request: "handoff"})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.Plan(ctx, "a"))
+	text, err := r.NextSteps()
+	require.NoError(t, err)
+	addr := "'" + db.Address("billing") + "'" // quoted for a shell: it has an &
+	look := text[strings.Index(text, "\nlook at:")+1:]
+	assert.Equal(t, "look at:  table "+db.schema+".records, run billing (the source of truth, one ledger line a row; runstate export writes a logs/ledger.jsonl)\n"+
+		"          logs/next-steps.txt, manifest.json in a machine's working directory: that session's view, as of the seq they name\n"+
+		"          runstate status "+addr+"; runstate log "+addr+"\n", look)
+	assert.NotContains(t, text, dir)
+	fromDB, err := db.NextSteps(ctx, "billing")
+	require.NoError(t, err)
+	assert.Equal(t, fromDB, text)
+}
