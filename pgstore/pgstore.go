@@ -108,11 +108,21 @@ func (db *DB) Export(ctx context.Context, run string, w io.Writer) error {
 
 // Verify checks the whole run (like runstate.Verify): every record's seq,
 // hash chain and crc; that the run's head row names the last record; that
-// every output's bytes are in the database, whole. It takes no lock and
-// writes nothing; safe for concurrent use. The error is non-nil only when
-// the records cannot be read; what is wrong is in Report.Problems.
-func (db *DB) Verify(ctx context.Context, run string) (*runstate.Report, error) {
-	rep, err := runstate.VerifyStore(ctx, db.reader(run), "")
+// every output's bytes are in the database, whole (every chunk there, the
+// sizes right); with RehashBlobs, also that those bytes still hash to the
+// sha256 each output names. It takes no lock and writes nothing; safe for
+// concurrent use. The error is non-nil only when the records cannot be
+// read; what is wrong is in Report.Problems.
+func (db *DB) Verify(ctx context.Context, run string, opts ...VerifyOption) (*runstate.Report, error) {
+	var o verifyOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var s runstate.Store = db.reader(run)
+	if o.rehash {
+		s = rehashing{db.reader(run)}
+	}
+	rep, err := runstate.VerifyStore(ctx, s, "")
 	if rep != nil {
 		rep.Dir = db.Address(run)
 	}

@@ -424,3 +424,33 @@ func TestSplitRun(t *testing.T) {
 	_, _, err = splitRun("postgres://u:pw@h/db?run=")
 	assert.ErrorContains(t, err, "postgres://u:xxxxx@h/db?run= names no run: add ?run=NAME")
 }
+
+// TestVerifyBlobsRehashesTheStoredOutputs: 'runstate verify -blobs ADDR'
+// reads every output's bytes back from the database and fails on one that
+// was altered there (plain verify cannot see it: the sizes hold); on a run
+// directory -blobs changes nothing (its artifacts are rehashed always).
+func TestVerifyBlobsRehashesTheStoredOutputs(t *testing.T) {
+	p := newPair(t)
+	res := runIn("verify", "-blobs", p.addr)
+	require.Equal(t, 0, res.code, res.out+res.err)
+	assert.Contains(t, res.out, "every output's stored bytes rehashed")
+	res = runIn("verify", "-blobs", p.dir)
+	assert.Equal(t, 0, res.code, res.out+res.err)
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, strings.TrimSuffix(p.dsn, "&schema="+p.db.Schema())) // pgx sends no schema parameter
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tag, err := conn.Exec(ctx, "UPDATE "+pgx.Identifier{p.db.Schema()}.Sanitize()+
+		`.blob_chunks SET data = overlay(data placing 'X'::bytea from 1 for 1) WHERE data = $1`, []byte("output of plan\n"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	res = runIn("verify", p.addr)
+	assert.Equal(t, 0, res.code, "plain verify reads no bytes: %s", res.out)
+	res = runIn("verify", "-blobs", p.addr)
+	assert.Equal(t, 1, res.code, res.out+res.err)
+	assert.Contains(t, res.out, "output artifacts/plan.md of stage plan (record ")
+	assert.Contains(t, res.out, "fix: no machine can restore this output from the database")
+	assert.Contains(t, res.out, "FAILED: ")
+}

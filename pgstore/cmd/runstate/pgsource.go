@@ -150,6 +150,13 @@ func (s *pgSource) Verify(ctx context.Context) (*runstate.Report, error) {
 	return rep, s.wrap(err)
 }
 
+// VerifyBlobs is Verify that also rereads and rehashes every output's
+// blob (verify -blobs).
+func (s *pgSource) VerifyBlobs(ctx context.Context) (*runstate.Report, error) {
+	rep, err := s.db.Verify(ctx, s.run, pgstore.RehashBlobs())
+	return rep, s.wrap(err)
+}
+
 func (s *pgSource) VerifyChecks() string {
 	return "and so do the store's own checks (the run's head row, every output's blob)"
 }
