@@ -3,107 +3,198 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runstate/runstate"
-	"github.com/stretchr/testify/require"
 )
 
-// TestPerfCheckpoint prints the median time of one checkpoint (Do with one
-// small output) against one raw INSERT transaction of a ~300-byte row with
-// synchronous_commit on, in alternating rounds on one server. It runs only
-// with RUNSTATE_PG_PERF=1 (it measures, it asserts nothing but that both
-// ran): RUNSTATE_PG_PERF=1 go test -run TestPerfCheckpoint -v .
-func TestPerfCheckpoint(t *testing.T) {
-	if os.Getenv("RUNSTATE_PG_PERF") == "" {
-		t.Skip("set RUNSTATE_PG_PERF=1 to measure")
-	}
-	db := newTestDB(t)
+// The benchmarks of pgstore: each needs a server (RUNSTATE_PG_DSN, as the
+// tests: skipped without one, a failure under CI), and none runs in
+// 'go test' without -bench. Each times its operation against one raw
+// INSERT transaction of a ~300-byte row with synchronous_commit on, on the
+// same server, in alternating rounds (the raw one off the clock), and
+// reports the medians and their ratio beside ns/op: on a loaded machine
+// the absolute figures swing, the ratios much less.
+//
+//	cd pgstore && ./testdb.sh go test -run '^$' -bench . -benchtime 2000x .
+
+// median and p99 of a sample (sorted in place).
+func median(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+func p99(d []time.Duration) time.Duration    { slices.Sort(d); return d[len(d)*99/100] }
+
+// newRawInsert makes the baseline: each call is one INSERT transaction of
+// a ~300-byte row on a connection of its own, timed.
+func newRawInsert(b *testing.B, db *DB) func() time.Duration {
 	ctx := context.Background()
-	_, err := db.pool.Exec(ctx, db.sql(`CREATE TABLE {s}.raw (id bigserial PRIMARY KEY, line bytea NOT NULL)`))
-	require.NoError(t, err)
-	row := []byte(strings.Repeat("x", 300))
-	conn, err := db.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	run, err := db.Open(ctx, "perf", t.TempDir(), &runstate.Options{Request: "perf"})
-	require.NoError(t, err)
-	defer run.Close()
-	const rounds, n = 10, 200
-	var raw, cp []time.Duration
-	k := 0
-	for round := range rounds {
-		for _, which := range []int{round % 2, 1 - round%2} {
-			for range n {
-				start := time.Now()
-				if which == 0 {
-					_, err = conn.Exec(ctx, db.sql(`INSERT INTO {s}.raw (line) VALUES ($1)`), row)
-					require.NoError(t, err)
-					raw = append(raw, time.Since(start))
-				} else {
-					// Ten stages, each redone with a new input value: the
-					// run's size stays that of a real run (the handoff and
-					// the state are O(stages)).
-					k++
-					name := fmt.Sprintf("s%d", k%10)
-					err = run.Do(ctx, name, func(ctx context.Context, st *runstate.Stage) error {
-						return st.WriteFile("out/"+name+".txt", []byte(fmt.Sprintf("result %d\n", k)))
-					}, runstate.Value("round", k))
-					require.NoError(t, err)
-					cp = append(cp, time.Since(start))
-				}
-			}
-		}
+	if _, err := db.pool.Exec(ctx, db.sql(`CREATE TABLE {s}.raw (id bigserial PRIMARY KEY, line bytea NOT NULL)`)); err != nil {
+		b.Fatal(err)
 	}
-	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	p99 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)*99/100] }
-	t.Logf("raw INSERT transaction: median %v p99 %v; checkpoint (Do + one small output): median %v p99 %v; ratio %.2f (%d rounds x %d, alternating)",
-		med(raw), p99(raw), med(cp), p99(cp), float64(med(cp))/float64(med(raw)), rounds, n)
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(conn.Release)
+	row := []byte(strings.Repeat("x", 300))
+	q := db.sql(`INSERT INTO {s}.raw (line) VALUES ($1)`)
+	return func() time.Duration {
+		start := time.Now()
+		if _, err := conn.Exec(ctx, q, row); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
 }
 
-// TestPerfStoreAppend prints the median time of the store's own append
-// batches (one record; Lock, Append, Sync or not, Unlock) against one raw
-// INSERT transaction, interleaved: a checkpoint is one lazy batch (its
-// begin) and one synced batch (its complete). RUNSTATE_PG_PERF=1 only.
-func TestPerfStoreAppend(t *testing.T) {
-	if os.Getenv("RUNSTATE_PG_PERF") == "" {
-		t.Skip("set RUNSTATE_PG_PERF=1 to measure")
+// report adds the medians and the ratio to the benchmark's figures.
+func report(b *testing.B, op, raw []time.Duration) {
+	if len(op) == 0 || len(raw) == 0 {
+		return
 	}
-	db := newTestDB(t)
+	m, r := median(op), median(raw)
+	b.ReportMetric(float64(m.Nanoseconds()), "median-ns")
+	b.ReportMetric(float64(p99(op).Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(r.Nanoseconds()), "raw-median-ns")
+	b.ReportMetric(float64(m)/float64(r), "x-raw")
+}
+
+// checkpointer does one checkpoint of a run per call: Do with one small
+// output, on ten stages each redone with a new input value, so that the
+// run's size stays that of a real run (the handoff and the state are
+// O(stages)).
+func checkpointer(b *testing.B, r *runstate.Run) func() time.Duration {
 	ctx := context.Background()
-	_, err := db.pool.Exec(ctx, db.sql(`CREATE TABLE {s}.raw (id bigserial PRIMARY KEY, line bytea NOT NULL)`))
-	require.NoError(t, err)
-	conn, err := db.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	row := []byte(strings.Repeat("x", 300))
-	st := db.Store("r")
-	sa := newSession(t)
-	_, _, err = st.Open(ctx, sa)
-	require.NoError(t, err)
-	defer st.Close(true)
-	var pos runstate.Position
-	var raw, synced, lazy []time.Duration
-	for i := range 3000 {
+	k := 0
+	return func() time.Duration {
+		k++
+		name := fmt.Sprintf("s%d", k%10)
 		start := time.Now()
-		switch i % 3 {
-		case 0:
-			_, err = conn.Exec(ctx, db.sql(`INSERT INTO {s}.raw (line) VALUES ($1)`), row)
-			require.NoError(t, err)
-			raw = append(raw, time.Since(start))
-		case 1:
-			pos = appendLines(t, st, pos, sa, 1, true)
-			synced = append(synced, time.Since(start))
-		case 2:
-			pos = appendLines(t, st, pos, sa, 1, false)
-			lazy = append(lazy, time.Since(start))
+		err := r.Do(ctx, name, func(ctx context.Context, st *runstate.Stage) error {
+			return st.WriteFile("out/"+name+".txt", []byte(fmt.Sprintf("result %d\n", k)))
+		}, runstate.Value("round", k))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+}
+
+// BenchmarkCheckpoint is one checkpoint through DB.Open's Run per op (its
+// begin, its complete, the local output, the working directory's views).
+// Off the clock, each op also times a raw INSERT transaction and the same
+// checkpoint on a Run opened with runstate.OpenStore, which writes no
+// views: noviews-median-ns is what the views cost, alternating.
+func BenchmarkCheckpoint(b *testing.B) {
+	db := newTestDB(b)
+	ctx := context.Background()
+	raw := newRawInsert(b, db)
+	r, err := db.Open(ctx, "perf", b.TempDir(), &runstate.Options{Request: "perf"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	plain, err := runstate.OpenStore(db.Store("perf-noviews"), b.TempDir(), &runstate.Options{Request: "perf"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plain.Close()
+	cp, cpPlain := checkpointer(b, r), checkpointer(b, plain)
+	var raws, cps, plains []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		raws = append(raws, raw())
+		plains = append(plains, cpPlain())
+		b.StartTimer()
+		cps = append(cps, cp())
+	}
+	b.StopTimer()
+	report(b, cps, raws)
+	b.ReportMetric(float64(median(plains).Nanoseconds()), "noviews-median-ns")
+}
+
+// BenchmarkStoreAppend is one of the store's own append batches per op
+// (one record: Lock, Tail, Append, Sync or not, Unlock), without the Run:
+// synced is a complete's batch (COMMIT with synchronous_commit on), lazy
+// a begin's (synchronous_commit off).
+func BenchmarkStoreAppend(b *testing.B) {
+	for _, sync := range []bool{true, false} {
+		name := "lazy"
+		if sync {
+			name = "synced"
+		}
+		b.Run(name, func(b *testing.B) {
+			db := newTestDB(b)
+			ctx := context.Background()
+			raw := newRawInsert(b, db)
+			st := db.Store("r")
+			session := newSessionID()
+			if _, _, err := st.Open(ctx, session); err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close(true)
+			var pos runstate.Position
+			var raws, ops []time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				raws = append(raws, raw())
+				b.StartTimer()
+				start := time.Now()
+				pos = appendLines(b, st, pos, session, 1, sync)
+				ops = append(ops, time.Since(start))
+			}
+			b.StopTimer()
+			report(b, ops, raws)
+		})
+	}
+}
+
+// BenchmarkVerify is one DB.Verify per op of a run with four outputs of
+// 1 MiB + 12 KiB each (4.2 MB of blobs, two chunks each): records checks
+// the records and the outputs' rows, rehash-blobs also reads and rehashes
+// every blob (RehashBlobs; its MB/s is the bytes rehashed).
+func BenchmarkVerify(b *testing.B) {
+	db := newTestDB(b)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", b.TempDir(), &runstate.Options{Request: "verify cost"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	big := bigOutput()
+	var bytes int64
+	for i := range 4 { // each its own bytes
+		data := append([]byte{byte(i)}, big...)
+		bytes += int64(len(data))
+		if err := r.Do(ctx, fmt.Sprintf("s%d", i), func(ctx context.Context, st *runstate.Stage) error {
+			return st.WriteFile("out/big.bin", data)
+		}); err != nil {
+			b.Fatal(err)
 		}
 	}
-	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	t.Logf("raw INSERT transaction %v; store batch synced %v (%.2fx), lazy %v (%.2fx); 1000 each, interleaved",
-		med(raw), med(synced), float64(med(synced))/float64(med(raw)), med(lazy), float64(med(lazy))/float64(med(raw)))
+	if err := r.Close(); err != nil {
+		b.Fatal(err)
+	}
+	for _, rehash := range []bool{false, true} {
+		name, opts := "records", []VerifyOption(nil)
+		if rehash {
+			name, opts = "rehash-blobs", []VerifyOption{RehashBlobs()}
+		}
+		b.Run(name, func(b *testing.B) {
+			if rehash {
+				b.SetBytes(bytes)
+			}
+			for i := 0; i < b.N; i++ {
+				rep, err := db.Verify(ctx, "r", opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(rep.Problems) > 0 {
+					b.Fatalf("a clean run has problems: %v", rep.Problems)
+				}
+			}
+		})
+	}
 }

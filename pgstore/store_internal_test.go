@@ -26,7 +26,7 @@ func newSession(t *testing.T) string {
 
 // appendLines appends n fake records in one batch from pos and returns
 // the position after them.
-func appendLines(t *testing.T, st runstate.Store, from runstate.Position, session string, n int, sync bool) runstate.Position {
+func appendLines(t testing.TB, st runstate.Store, from runstate.Position, session string, n int, sync bool) runstate.Position {
 	t.Helper()
 	ctx := context.Background()
 	b, err := st.Lock(ctx, from)
