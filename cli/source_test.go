@@ -180,6 +180,18 @@ func TestAWorkingDirectoryLeadsToItsRun(t *testing.T) {
 	assert.Equal(t, "postgres://agent@db:5432/agents?run=billing", asked)
 	assert.Contains(t, out.String(), "do: runstate approve 'postgres://agent@db:5432/agents?run=billing' execute")
 
+	// The commands that write a run directory refuse it: they would make
+	// a second run there.
+	for _, args := range [][]string{{"exec", work, "x", "--", "true"}, {"plan", work, "-request", "r", "x"}, {"repair", work}} {
+		out.Reset()
+		errb.Reset()
+		code = Run(args, &out, &errb, nil)
+		assert.Equal(t, exitUsage, code, "%v: %s", args, errb.String())
+		assert.Contains(t, errb.String(), "is a working directory of the run at postgres://agent@db:5432/agents?run=billing", args)
+	}
+	_, err := os.Stat(filepath.Join(work, "logs", "ledger.jsonl"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "no run was made in the working directory")
+
 	// logs/run.json beside a ledger: a run directory all the same.
 	require.NoError(t, os.WriteFile(filepath.Join(run, "logs", "run.json"), []byte(`{"address": "postgres://x/y?run=z"}`), 0o644))
 	res := readCLI(t, run, "status", run)
