@@ -143,3 +143,27 @@ func TestRunHandoffNamesTheDatabasesPlaces(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, fromDB, text)
 }
+
+// TestKilledViewWriteLeavesNoLitter: a temp file that a killed view write
+// left in logs/tmp (older than a minute) is removed by the next Open in
+// that directory; a fresh one, which may be another live session's write
+// under way, is left alone.
+func TestKilledViewWriteLeavesNoLitter(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	tmp := filepath.Join(dir, "logs", "tmp")
+	require.NoError(t, os.MkdirAll(tmp, 0o755))
+	old, fresh := filepath.Join(tmp, "view-0123456789abcdef"), filepath.Join(tmp, "view-fedcba9876543210")
+	require.NoError(t, os.WriteFile(old, []byte("runstate handoff: ..."), 0o644))
+	require.NoError(t, os.WriteFile(fresh, []byte("runstate handoff: ..."), 0o644))
+	long := time.Now().Add(-2 * time.Minute)
+	require.NoError(t, os.Chtimes(old, long, long))
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "litter"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	_, err = os.Stat(old)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the killed write's temp file is gone")
+	_, err = os.Stat(fresh)
+	assert.NoError(t, err, "a fresh temp file is left to its writer")
+}
