@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -99,8 +101,10 @@ const viewsEvery = 50 * time.Millisecond
 // reads them back (Open resumes from the database's projection), so a lost
 // or stale one costs nothing but a look. A timer's goroutine writes them,
 // each through a temp file in logs/tmp and a rename, never a batch: within
-// viewsEvery of a Publish, and at a clean Close (the close record's). The
-// paths go through an os.Root of the directory. Safe for concurrent use.
+// viewsEvery of a Publish, and at a clean Close (the close record's). In a
+// directory that several sessions share, the newest seq wins (best
+// effort). The paths go through an os.Root of the directory. Safe for
+// concurrent use.
 type views struct {
 	root *os.Root
 
@@ -166,6 +170,9 @@ func (v *views) flush() {
 	v.manifest, v.handoff, v.timer = nil, nil, nil
 	v.mu.Unlock()
 	var err error
+	if (h != nil || m != nil) && v.ahead(max(seqOf(h), seqOf(m))) {
+		h, m = nil, nil // another session in this directory wrote a newer view
+	}
 	if h != nil {
 		err = v.put(viewHandoff, h.data)
 	}
@@ -177,6 +184,34 @@ func (v *views) flush() {
 	v.mu.Lock()
 	v.wrote, v.err = time.Now(), err
 	v.mu.Unlock()
+}
+
+func seqOf(p *projection) int64 {
+	if p == nil {
+		return 0
+	}
+	return p.at.Seq
+}
+
+// ahead reports whether the directory's handoff names a seq after seq:
+// another session that shares the directory wrote it, and its view is
+// newer (newest seq wins, best effort: two writers may still cross).
+func (v *views) ahead(seq int64) bool {
+	f, err := v.root.Open(viewHandoff)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var buf [160]byte
+	n, _ := io.ReadFull(f, buf[:])
+	line, _, _ := strings.Cut(string(buf[:n]), "\n")
+	_, after, ok := strings.Cut(line, "as of ledger seq ")
+	if !ok {
+		return false
+	}
+	num, _, _ := strings.Cut(after, " ")
+	on, err := strconv.ParseInt(num, 10, 64)
+	return err == nil && on > seq
 }
 
 // put replaces the file rel with data: a temp file, then a rename.

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -166,4 +167,31 @@ func TestKilledViewWriteLeavesNoLitter(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "the killed write's temp file is gone")
 	_, err = os.Stat(fresh)
 	assert.NoError(t, err, "a fresh temp file is left to its writer")
+}
+
+// TestSharedWorkDirKeepsTheNewestView: in a working directory that two
+// sessions share, a session whose write comes late (its timer fired after
+// the other's) does not put its older view over the other's newer one.
+func TestSharedWorkDirKeepsTheNewestView(t *testing.T) {
+	dir := t.TempDir()
+	a, err := newViews(dir)
+	require.NoError(t, err)
+	b, err := newViews(dir)
+	require.NoError(t, err)
+	page := func(seq int64) []byte {
+		return []byte(fmt.Sprintf("runstate handoff: run x, as of ledger seq %d (2026-12-01T17:00:00Z)\nrequest:  r\n", seq))
+	}
+	a.wrote = time.Now()                                             // A's timer waits viewsEvery
+	a.keep(runstate.Position{Seq: 8}, []byte(`{"seq": 8}`), page(8)) // armed, not yet written
+	b.keep(runstate.Position{Seq: 10}, []byte(`{"seq": 10}`), page(10))
+	b.close(true) // B's view is written first
+	a.close(true) // then A's, late
+	assert.Equal(t, string(page(10)), readView(t, dir, "logs/next-steps.txt"), "B's newer handoff stays")
+	assert.Equal(t, `{"seq": 10}`, readView(t, dir, "manifest.json"), "and its manifest")
+
+	c, err := newViews(dir)
+	require.NoError(t, err)
+	c.keep(runstate.Position{Seq: 11}, nil, page(11))
+	c.close(true)
+	assert.Equal(t, string(page(11)), readView(t, dir, "logs/next-steps.txt"), "a newer view replaces it")
 }
