@@ -50,7 +50,20 @@
 // stored before the record that names them (a foreign key makes a
 // complete without its bytes impossible). Begin on another machine fetches
 // its After stages' outputs, and restores a done stage's missing or
-// altered local copy. MaxBlob caps one output (256 MiB).
+// altered local copy. MaxBlob caps one output (256 MiB). Verify checks
+// every output's blob rows and chunks; with RehashBlobs it also reads the
+// bytes back and rehashes them.
+//
+// # A machine's work dir
+//
+// Besides the outputs, each work dir holds its session's view of the run,
+// as a run directory holds its projections: logs/next-steps.txt and
+// manifest.json (each naming the seq it reflects; rewritten within 50 ms
+// of a change and at Close, off the append path; never read back: the
+// database is the truth), and logs/run.json, the run's address without a
+// password, so that 'runstate status DIR' there reads the run. The
+// handoff's "look at:" lines name the records table and the runstate
+// commands on the address (runstate.Addresser).
 //
 // # Schema
 //
