@@ -116,7 +116,6 @@ type views struct {
 	closed   bool
 	writing  sync.WaitGroup // a timer's write under way
 	write    sync.Mutex     // one write at a time
-	err      error          // the last write's error (tests)
 }
 
 // newViews opens the working directory dir (which exists) for a session's
@@ -169,20 +168,19 @@ func (v *views) flush() {
 	m, h := v.manifest, v.handoff
 	v.manifest, v.handoff, v.timer = nil, nil, nil
 	v.mu.Unlock()
-	var err error
 	if (h != nil || m != nil) && v.ahead(max(seqOf(h), seqOf(m))) {
 		h, m = nil, nil // another session in this directory wrote a newer view
 	}
+	// Best effort, as Batch.Publish: a view that cannot be written (a
+	// full disk) is left as it was; the next one tries again.
 	if h != nil {
-		err = v.put(viewHandoff, h.data)
+		_ = v.put(viewHandoff, h.data)
 	}
 	if m != nil {
-		if merr := v.put(viewManifest, m.data); err == nil {
-			err = merr
-		}
+		_ = v.put(viewManifest, m.data)
 	}
 	v.mu.Lock()
-	v.wrote, v.err = time.Now(), err
+	v.wrote = time.Now()
 	v.mu.Unlock()
 }
 
