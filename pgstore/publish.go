@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -271,13 +272,16 @@ type runJSON struct {
 
 // writeRun writes logs/run.json.
 func (v *views) writeRun(rj runJSON) error {
-	data, err := json.MarshalIndent(rj, "", "  ")
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the address's & as it is, for cat
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rj); err != nil {
 		return err
 	}
 	v.write.Lock()
 	defer v.write.Unlock()
-	return v.put(viewRun, append(data, '\n'))
+	return v.put(viewRun, buf.Bytes())
 }
 
 func randomName() string {

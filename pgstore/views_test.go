@@ -66,7 +66,9 @@ func TestWorkDirHoldsTheMachinesView(t *testing.T) {
 	assert.Equal(t, stA.ID, id)
 
 	var rj runJSON
-	require.NoError(t, json.Unmarshal([]byte(readView(t, dirA, "logs/run.json")), &rj))
+	runFile := readView(t, dirA, "logs/run.json")
+	require.NoError(t, json.Unmarshal([]byte(runFile), &rj))
+	assert.Contains(t, runFile, `"address": "`+db.Address("r")+`"`, "the address as it is, for cat")
 	assert.Equal(t, runJSON{Store: "postgres", Address: db.Address("r"), Schema: db.schema, Run: "r", ID: stA.ID}, rj)
 
 	b, err := db.Open(ctx, "r", dirB, opts)
