@@ -106,6 +106,24 @@ func TestBeginAfterAFailedEndInterruptsTheOldHandle(t *testing.T) {
 	assert.Equal(t, []string{"begin 1", "interrupted 1", "begin 2", "complete 2"}, stageEvents(t, dir, "s"))
 }
 
+// Skip of a stage whose attempt's end record (here an Await's) could not
+// be written skips it, as for an attempt of a dead session (before:
+// ErrBusy, "attempt 1 is running").
+func TestSkipAfterAFailedEndSkipsTheStage(t *testing.T) {
+	r, dir, lock := lockTimeoutRun(t)
+	ctx := context.Background()
+	st, err := r.Begin(ctx, "s")
+	require.NoError(t, err)
+	require.NoError(t, lock.Lock())
+	err = st.Await("review it")
+	assert.ErrorIs(t, err, runstate.ErrLockTimeout)
+	assert.NotErrorIs(t, err, runstate.ErrNeedsPerson, "the await was not recorded")
+	require.NoError(t, lock.Unlock())
+	require.NoError(t, r.Skip(ctx, "s", "not needed after all"))
+	assert.ErrorIs(t, context.Cause(st.Context()), runstate.ErrStale)
+	assert.Equal(t, []string{"begin 1", "skip 0"}, stageEvents(t, dir, "s"))
+}
+
 // A running stage's Stage.Context ends when the attempt ends, with
 // context.Canceled; Do's context for fn is the caller's until fn returns.
 func TestStageContextEndsWithTheAttempt(t *testing.T) {

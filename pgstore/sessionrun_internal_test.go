@@ -244,12 +244,13 @@ func TestRunLockConnectionCutReheldStageCompletes(t *testing.T) {
 }
 
 // The COMMIT of a Begin's lazy batch (synchronous_commit off) is cut, before
-// it reaches the server or after the server committed: Begin returns the
-// stage, the store resolves the outcome (re-run, or found committed), and
+// it reaches the server, after the server committed, or right after it was
+// sent (a race): Begin returns the stage, the store resolves the outcome
+// (re-run, or found committed), and
 // the stage completes: exactly one begin and one complete, and the next
 // session finds the stage done.
 func TestRunLazyBeginCommitCut(t *testing.T) {
-	for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit} {
+	for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit, pgproxy.AfterCommitSent} {
 		t.Run(cut.String(), func(t *testing.T) {
 			f := newCutFixture(t)
 			ctx := context.Background()
