@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode/utf8"
 )
 
 // The attempts this session runs, as the Run keeps them beside the state:
@@ -42,8 +43,9 @@ import (
 // session lost make the Run read-only instead, as they always did: open
 // the run again.
 //
-// attempts.mu is a leaf of the lock order (commit.go): it is taken under
-// stMu and c.mu, never the other way round.
+// attempts.mu is a leaf of the lock order (commit.go): it is taken with
+// stMu held (a batch's decisions) or with no lock, never with c.mu held,
+// and no other lock is taken under it.
 type attempts struct {
 	mu      sync.Mutex
 	stopped error                 // the Run turned read-only: the cause its stages got (stop)
@@ -159,7 +161,11 @@ func (r *Run) orphan(cur *StageStatus) (*Stage, string) {
 	}
 	msg := oneLine(a.ended[st].Error())
 	if len(msg) > 1000 {
-		msg = msg[:1000] + "..."
+		n := 1000
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+		msg = msg[:n] + "..."
 	}
 	return st, fmt.Sprintf("its end record could not be written in session %s (%s)", r.session, msg)
 }
