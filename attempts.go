@@ -52,6 +52,7 @@ type attempts struct {
 	running map[*Stage]*stageCtxs // begun in this session and not ended
 	unended map[string]*Stage     // by stage name: the attempt whose end record could not be written
 	ended   map[*Stage]error      // why each of unended's could not end
+	intents map[string]int64      // by effect key: the seq of this session's intent whose outcome could not be written
 }
 
 // stageCtxs cancel an attempt's contexts: Stage.Context's, and the one Do
@@ -168,6 +169,50 @@ func (r *Run) orphan(cur *StageStatus) (*Stage, string) {
 		msg = msg[:n] + "..."
 	}
 	return st, fmt.Sprintf("its end record could not be written in session %s (%s)", r.session, msg)
+}
+
+// An effect's intent whose outcome record (confirm, unconfirmed) could not
+// be written is the same case for Effect: the intent is this live
+// session's, so every later Effect of the key in the Run was ErrBusy
+// ("being attempted by this session") for good. Now the next Effect of the
+// key takes the intent as one of a dead session's: Check decides (found:
+// confirmed with its receipt; not found: sent again), and without a Check
+// it is recorded unconfirmed for a person to resolve, so an effect that
+// may have landed is never sent again unasked.
+
+// intentFailed notes that the outcome of key's intent, which this session
+// recorded, could not be written.
+func (r *Run) intentFailed(key string) {
+	r.stMu.RLock()
+	cur := r.st.effects[key]
+	var seq int64
+	if cur != nil && cur.State == EffectIntent && cur.Session == r.session {
+		seq = cur.Seq
+	}
+	r.stMu.RUnlock()
+	if seq == 0 {
+		return
+	}
+	a := &r.att
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.intents == nil {
+		a.intents = map[string]int64{}
+	}
+	a.intents[key] = seq
+}
+
+// orphanIntent reports whether cur is an intent of this session whose
+// outcome could not be written (intentFailed). The caller holds stMu, in
+// a batch.
+func (r *Run) orphanIntent(key string, cur *EffectStatus) bool {
+	if cur.State != EffectIntent || cur.Session != r.session {
+		return false
+	}
+	a := &r.att
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.intents[key] == cur.Seq
 }
 
 // interrupted ends the Stage handle of an attempt that a record of this

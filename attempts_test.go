@@ -6,6 +6,7 @@ package runstate_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -122,6 +123,46 @@ func TestSkipAfterAFailedEndSkipsTheStage(t *testing.T) {
 	require.NoError(t, r.Skip(ctx, "s", "not needed after all"))
 	assert.ErrorIs(t, context.Cause(st.Context()), runstate.ErrStale)
 	assert.Equal(t, []string{"begin 1", "skip 0"}, stageEvents(t, dir, "s"))
+}
+
+// An effect whose confirm could not be written (the run's lock was held
+// past LockTimeout after Do returned): the next Effect of the key asks
+// Check, which finds it, and confirms it with Check's receipt, Do not
+// called again; without a Check it is unconfirmed, for a person (before:
+// ErrBusy, "being attempted by this session", for every later call).
+func TestEffectAfterAConfirmThatCouldNotBeWrittenAsksCheck(t *testing.T) {
+	for _, withCheck := range []bool{true, false} {
+		t.Run(fmt.Sprintf("check=%v", withCheck), func(t *testing.T) {
+			r, _, lock := lockTimeoutRun(t)
+			ctx := context.Background()
+			sent := 0
+			e := runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+				sent++
+				require.NoError(t, lock.Lock()) // another process's batch, past LockTimeout
+				return json.RawMessage(`{"id":1}`), nil
+			}}
+			if withCheck {
+				e.Check = func(context.Context, string) (json.RawMessage, bool, error) {
+					return json.RawMessage(`{"id":"checked"}`), true, nil
+				}
+			}
+			_, err := r.Effect(ctx, "k", e)
+			assert.ErrorIs(t, err, runstate.ErrLockTimeout)
+			require.NoError(t, lock.Unlock())
+			got, err := r.Effect(ctx, "k", e)
+			if withCheck {
+				require.NoError(t, err)
+				assert.JSONEq(t, `{"id":"checked"}`, string(got))
+				got, err = r.Effect(ctx, "k", e)
+				require.NoError(t, err, "confirmed: the stored receipt")
+				assert.JSONEq(t, `{"id":"checked"}`, string(got))
+			} else {
+				assert.ErrorIs(t, err, runstate.ErrUnconfirmed)
+				assert.NotErrorIs(t, err, runstate.ErrBusy)
+			}
+			assert.Equal(t, 1, sent, "Do is never called again for an effect that may have landed")
+		})
+	}
 }
 
 // A running stage's Stage.Context ends when the attempt ends, with
