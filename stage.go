@@ -29,9 +29,8 @@ type Stage struct {
 	began time.Time // when Begin returned it (for the group commit: stageEnded)
 
 	// ctx is the attempt's context (Context): cancelled when the attempt
-	// ends, or with ErrSessionLost when the session is lost (attempts.go).
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	// ends, or when the Run turns read-only (attempts.go holds its cancel).
+	ctx context.Context
 
 	mu       sync.Mutex
 	outputs  map[string]Output // recorded by WriteFile, hashed

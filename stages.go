@@ -394,8 +394,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			return nil, err
 		}
 		st := &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}
-		st.ctx, st.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-		r.att.add(st, st.cancel)
+		sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		st.ctx = sctx
+		r.att.add(st, cancel)
 		if err := r.fetchOutputs(ctx, afterOuts); err != nil { // blobs.go
 			_ = st.Fail(err)
 			return nil, err

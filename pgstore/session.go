@@ -60,8 +60,9 @@ type session struct {
 	// held is closed and replaced when the lock is re-held or lost, for
 	// batches that wait for either (waitHeld).
 	held chan struct{}
-	// lostCh gets lost when the session is lost for good (lose), not at
-	// close: the Run stops its running stages (runstate.LeaseWatcher).
+	// lostCh gets the session's lost error once, when it is lost for good
+	// (lose), not at close: the Run stops its running stages
+	// (runstate.LeaseWatcher).
 	lostCh chan error
 
 	kick chan struct{} // re-hold now (a batch found the lock free)
