@@ -397,6 +397,12 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		st.ctx = sctx
 		r.att.add(st, cancel)
+		if sctx.Err() != nil {
+			// The Run turned read-only in the begin's own batch (a store
+			// whose begins land at Unlock could not commit it): no
+			// record of this attempt can be written.
+			return nil, context.Cause(sctx)
+		}
 		if err := r.fetchOutputs(ctx, afterOuts); err != nil { // blobs.go
 			_ = st.Fail(err)
 			return nil, err

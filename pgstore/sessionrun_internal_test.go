@@ -283,11 +283,12 @@ func TestRunLazyBeginCommitCut(t *testing.T) {
 // The COMMIT of a Begin's lazy batch is cut before it reaches the server,
 // and another session appends before this one can reach the server again:
 // the batch cannot be re-run (the run moved), so the begin is not
-// recorded. The Run turns read-only, and the stage's context is cancelled
-// (cause ErrReadOnly): the ledger does not say it runs, so another session
-// may begin it. Complete is refused; a new session runs the stage, one
-// begin and one complete. (Before: the stage's work went on with a live
-// context.)
+// recorded. The Run turns read-only; Begin, whose batch it was, returns
+// that error (a begin that another goroutine's batch carried would come
+// back as a Stage whose context is already cancelled, cause ErrReadOnly):
+// the ledger does not say the stage runs, so another session may begin it.
+// A new session runs the stage, one begin and one complete. (Before: Begin
+// returned a live Stage, and its work went on with a live context.)
 func TestRunLazyBeginCommitCutNotRerunStopsTheStage(t *testing.T) {
 	f := newCutFixture(t)
 	ctx := context.Background()
@@ -316,6 +317,7 @@ func TestRunLazyBeginCommitCutNotRerunStopsTheStage(t *testing.T) {
 		assert.ErrorIs(t, st.Complete(), runstate.ErrReadOnly)
 	} else {
 		assert.ErrorIs(t, err, runstate.ErrReadOnly)
+		assert.Contains(t, err.Error(), "open the run again")
 	}
 	recs := ledger(t, f.direct, f.run)
 	assert.Empty(t, stageEvents(recs, "cut-me"), "the begin was not recorded")
