@@ -311,4 +311,5 @@ func (r *Run) setSticky(err error) {
 		r.c.sticky = err
 	}
 	r.c.mu.Unlock()
+	r.att.stop(err) // a read-only Run stops its running stages (attempts.go)
 }

@@ -167,6 +167,12 @@
 // allows); a call that gives up records nothing and returns an error that
 // names the pid holding the lock (from /proc/locks on Linux) or the run's
 // open sessions. A wait of more than 2 seconds is logged with the holder.
+// A stage whose end record could not be written that way (Do returned the
+// error) does not stay running: the next Begin or Do of it in the Run
+// records the attempt as interrupted and begins it again. A Run that
+// turns read-only (a failed fsync; for a store shared across machines, a
+// lost session: ErrSessionLost) cancels its running stages' contexts,
+// the ctx Do passes to fn and Stage.Context, with that error as the cause.
 //
 // Open creates a run only where there is none: a missing, empty or
 // unreadable ledger beside manifest.json, the handoff, session lock files

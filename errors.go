@@ -81,7 +81,10 @@ var (
 	// the session's liveness is gone (its lease expired, the connection
 	// that held it ended): other sessions may already count it dead and
 	// take its stages over. The Run turns read-only (ErrReadOnly for every
-	// later write); open the run again to continue as a new session.
+	// later write) and cancels its running stages' contexts (Do's ctx for
+	// the stage function, Stage.Context) with a cause wrapping
+	// ErrSessionLost, at once when the Store reports the loss itself
+	// (LeaseWatcher); open the run again to continue as a new session.
 	ErrSessionLost = errors.New("runstate: session lost its liveness")
 
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage

@@ -60,6 +60,11 @@ type Resolution struct {
 // error wraps ErrUnconfirmed and ErrInvalid. A Request that cannot be
 // recorded is ErrInvalid before anything is recorded or sent.
 //
+// When the confirmation (or unconfirmed record) could not be written and
+// the Run stayed writable (a lock wait that ran out: Effect returns that
+// error), the next Effect of the key in this Run treats the intent as a
+// dead session's: Check decides, as above (attempts.go).
+//
 // Effect is safe for concurrent use by goroutines and processes: one key is
 // attempted by one session at a time; others get ErrBusy meanwhile.
 func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage, error) {
@@ -111,7 +116,7 @@ func (r *Run) Effect(ctx context.Context, key string, e Effect) (json.RawMessage
 				receipt, stored = cur.Receipt, true
 				return nil, nil
 			case EffectIntent:
-				if r.alive(cur.Session) {
+				if r.alive(cur.Session) && !r.orphanIntent(key, cur) { // attempts.go
 					who := "another session (" + cur.Session + ")"
 					if cur.Session == r.session {
 						who = "this session"
@@ -234,6 +239,7 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		rec = &Record{Ev: evUnconfirmed, Key: key, Error: "Do failed, it may have landed: " + derr.Error()}
 	}
 	if _, err := r.commit(true, func(*state) ([]*Record, error) { return []*Record{rec}, nil }); err != nil {
+		r.intentFailed(key) // the next Effect of key asks Check (attempts.go)
 		return nil, errors.Join(derr, bad, err)
 	}
 	if bad != nil {
@@ -253,9 +259,11 @@ func (r *Run) callDo(ctx context.Context, key, full string, e Effect) (receipt j
 	defer func() {
 		if panicked {
 			p := recover()
-			_, _ = r.commit(true, func(*state) ([]*Record, error) {
+			if _, err := r.commit(true, func(*state) ([]*Record, error) {
 				return []*Record{{Ev: evUnconfirmed, Key: key, Error: fmt.Sprintf("Do panicked, it may have landed: %v", p)}}, nil
-			})
+			}); err != nil {
+				r.intentFailed(key)
+			}
 			panic(p)
 		}
 	}()

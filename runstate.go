@@ -121,6 +121,12 @@ type Run struct {
 
 	c     committer // group commit, the handoff's lag, counters (commit.go)
 	notes notifier  // Options.OnRecord (onrecord.go)
+	att   attempts  // this session's attempts: their contexts, the unended (attempts.go)
+
+	// unwatch stops the goroutine that waits for the store's word that
+	// the session is lost (watchLease), once.
+	unwatch     chan struct{}
+	unwatchOnce sync.Once
 
 	src   string // Options.SourceDir, absolute (sourcedir.go)
 	where place  // where the handoff says the run is (placeOf)
@@ -183,6 +189,7 @@ func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 		_ = s.Close(true) // no open record was written: nothing to prove gone
 		return nil, err
 	}
+	r.watchLease()
 	r.notes.deliver()
 	return r, nil
 }
@@ -318,6 +325,7 @@ func (r *Run) Close() error {
 		close(t.done)
 	}
 	c.batches.Wait() // no batch has the store any more; none starts
+	r.stopWatching()
 	r.out.close()
 	if serr := r.store.Close(clean); serr != nil && err == nil {
 		r.setSticky(serr)
@@ -334,6 +342,7 @@ func (r *Run) crash() {
 	r.c.closed = true
 	r.c.mu.Unlock()
 	r.stopFlush(false) // crash may run inside a batch: do not wait for one
+	r.stopWatching()
 	r.out.close()
 	_ = r.store.Close(false)
 }

@@ -28,6 +28,10 @@ type Stage struct {
 
 	began time.Time // when Begin returned it (for the group commit: stageEnded)
 
+	// ctx is the attempt's context (Context): cancelled when the attempt
+	// ends, or when the Run turns read-only (attempts.go holds its cancel).
+	ctx context.Context
+
 	mu       sync.Mutex
 	outputs  map[string]Output // recorded by WriteFile, hashed
 	declared []string          // recorded by Output, hashed at Complete
@@ -47,6 +51,35 @@ func (st *Stage) Attempt() int { return st.attempt }
 
 // Run returns the run the stage belongs to. Safe for concurrent use.
 func (st *Stage) Run() *Run { return st.run }
+
+// Context returns the attempt's context, for the work the stage does: it
+// carries the values of the context given to Begin, not its deadline or
+// cancellation, and is done when the attempt ends (Complete, Fail, Await:
+// its cause is context.Canceled), when another record of this session
+// ended it (cause ErrStale), when the session is lost (its cause wraps
+// ErrSessionLost: the store's lease is gone, another session may begin the
+// stage again, and no end record of this attempt can be written: stop the
+// work), or when the Run turned read-only for another reason (a failed
+// fsync: the cause wraps ErrReadOnly). Close does not cancel it. Safe for
+// concurrent use.
+func (st *Stage) Context() context.Context { return st.ctx }
+
+// end marks the attempt ended, its end record written (or another record
+// ended it): its context is cancelled. The caller holds st.mu.
+func (st *Stage) end() {
+	st.ended = true
+	st.run.att.done(st, nil)
+}
+
+// endFailed notes that the end record could not be written (err) and the
+// attempt is still running in the ledger: the next Begin of the stage in
+// this session records it as interrupted (attempts.go). The caller holds
+// st.mu.
+func (st *Stage) endFailed(err error) {
+	if err != nil && !st.ended {
+		st.run.att.endFailed(st, err)
+	}
+}
 
 func (st *Stage) check() error {
 	if st.ended {
@@ -201,6 +234,7 @@ func (st *Stage) Complete() error {
 	defer st.mu.Unlock()
 	outs, err := st.endOutputs()
 	if err != nil {
+		st.endFailed(err)
 		return err
 	}
 	now, err := st.run.gather(st.ev.list)
@@ -233,11 +267,12 @@ func (st *Stage) Complete() error {
 	})
 	if err != nil {
 		if errors.Is(err, ErrStale) {
-			st.ended = true
+			st.end()
 		}
+		st.endFailed(err)
 		return err
 	}
-	st.ended = true
+	st.end()
 	return staleErr
 }
 
@@ -257,6 +292,7 @@ func (st *Stage) Fail(err error) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if cerr := st.check(); cerr != nil {
+		st.endFailed(cerr)
 		return cerr
 	}
 	class, reason := classOf(err)
@@ -280,8 +316,9 @@ func (st *Stage) Fail(err error) error {
 		return recs, nil
 	})
 	if cerr == nil || errors.Is(cerr, ErrStale) {
-		st.ended = true
+		st.end()
 	}
+	st.endFailed(cerr)
 	return cerr
 }
 
@@ -296,6 +333,7 @@ func (st *Stage) Await(reason string) error {
 	defer st.mu.Unlock()
 	outs, err := st.endOutputs()
 	if err != nil {
+		st.endFailed(err)
 		return err
 	}
 	_, err = st.run.commitEnd(st, func(s *state) ([]*Record, error) {
@@ -305,8 +343,9 @@ func (st *Stage) Await(reason string) error {
 		return append(st.planRecords(s), &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}), nil
 	})
 	if err != nil {
+		st.endFailed(err)
 		return err
 	}
-	st.ended = true
+	st.end()
 	return fmt.Errorf("%w: %s: %s", ErrNeedsPerson, st.name, reason)
 }

@@ -309,23 +309,29 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		var attempt int
 		var why string
 		var afterOuts []Output
+		var orphan *Stage // an attempt of this session whose end record could not be written
 		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
 			if st == nil {
 				st = &StageStatus{Name: name, State: StatePending}
 			}
 			var recs []*Record
+			orphan = nil
 			switch st.State {
 			case StateRunning:
-				if r.alive(st.Session) {
+				if o, reason := r.orphan(st); o != nil {
+					orphan = o
+					recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt, Reason: reason})
+				} else if r.alive(st.Session) {
 					who := "another session (" + st.Session + ")"
 					if st.Session == r.session {
 						who = "this session"
 					}
 					return nil, fmt.Errorf("%w: %s attempt %d is running in %s: wait for it to end (if that process died, the next Begin records it as interrupted and runs it again)", ErrBusy, name, st.Attempt, who)
+				} else {
+					recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt,
+						Reason: "session " + st.Session + " is gone"})
 				}
-				recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt,
-					Reason: "session " + st.Session + " is gone"})
 			case StateAwaiting:
 				reason := st.Reason
 				if reason == "" {
@@ -378,6 +384,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			r.c.mu.Unlock()
 			r.noticeDone(name, attempt, why)
 		}
+		if orphan != nil && err == nil {
+			r.att.interrupted(orphan)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -385,6 +394,15 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			return nil, err
 		}
 		st := &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}
+		sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+		st.ctx = sctx
+		r.att.add(st, cancel)
+		if sctx.Err() != nil {
+			// The Run turned read-only in the begin's own batch (a store
+			// whose begins land at Unlock could not commit it): no
+			// record of this attempt can be written.
+			return nil, context.Cause(sctx)
+		}
 		if err := r.fetchOutputs(ctx, afterOuts); err != nil { // blobs.go
 			_ = st.Fail(err)
 			return nil, err
@@ -403,18 +421,23 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	var orphan *Stage // an attempt of this session whose end record could not be written
 	_, err := r.commitCtx(ctx, true, func(s *state) ([]*Record, error) {
 		st := s.stages[name]
+		orphan = nil
 		if st != nil {
 			if done(st.State) {
 				return nil, nil
 			}
-			if st.State == StateRunning && r.alive(st.Session) {
+			if orphan, _ = r.orphan(st); orphan == nil && st.State == StateRunning && r.alive(st.Session) {
 				return nil, fmt.Errorf("%w: cannot skip %s: attempt %d is running", ErrBusy, name, st.Attempt)
 			}
 		}
 		return []*Record{{Ev: evSkip, Stage: name, Reason: reason}}, nil
 	})
+	if orphan != nil && err == nil {
+		r.att.interrupted(orphan)
+	}
 	return err
 }
 
@@ -422,8 +445,13 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // Fail when it returns an error. When the stage is done and its evidence
 // holds, Do returns nil at once without calling fn. A panic in fn is
 // recorded as a failure and then re-raised (bbolt's Update does the same).
-// When Do returns nil the stage's completion is durable. Safe for
-// concurrent use.
+// When Do returns nil the stage's completion is durable. The ctx fn gets
+// is ctx, also cancelled when the session is lost (context.Cause wraps
+// ErrSessionLost: the store's lease is gone, another session may begin the
+// stage again) or the Run turns read-only (see Stage.Context). When the end record could not be
+// written and the Run stayed writable (Do returns that error), the next
+// Begin or Do of the stage in this Run records the attempt as interrupted
+// and begins it again (attempts.go says why). Safe for concurrent use.
 func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, st *Stage) error, inputs ...Input) error {
 	st, err := r.Begin(ctx, name, inputs...)
 	if errors.Is(err, ErrDone) {
@@ -432,6 +460,9 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 	if err != nil {
 		return err
 	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r.att.addFn(st, cancel) // cancelled when the session is lost (attempts.go)
 	panicked := true
 	defer func() {
 		if panicked {
@@ -440,7 +471,7 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 			panic(p)
 		}
 	}()
-	ferr := fn(ctx, st)
+	ferr := fn(fctx, st)
 	panicked = false
 	st.mu.Lock()
 	ended := st.ended

@@ -265,3 +265,30 @@ type Addresser interface {
 type Verifier interface {
 	VerifyStore(ctx context.Context) ([]Problem, error)
 }
+
+// LeaseWatcher is a Store whose session's lease can end while the process
+// that holds it lives: a database connection's advisory lock, lost with
+// the connection (pgstore). Once the lease is lost another session may
+// prove this one gone and take its stages over, so the Run must stop
+// them at once rather than at its next append: it turns read-only and
+// cancels the contexts of its running stages (the ctx Do passes to the
+// stage function, Stage.Context) with the store's error as the cause.
+//
+// The file store is no LeaseWatcher: its lease is a lock file that the
+// kernel holds for the process (flock on an open descriptor), which no
+// other process can take while the holder lives; only a person can end
+// it, by removing logs/sessions/<session>.lock and creating it again (the
+// documented proof that a session is gone). runstatetest's memory store
+// is none either: its sessions die only by MemStore.Crash, which the next
+// append reports with ErrSessionLost. For any store, an append that
+// fails with ErrSessionLost stops the running stages the same way.
+type LeaseWatcher interface {
+	// LeaseLost returns the channel on which the store sends, once, an
+	// error wrapping ErrSessionLost when the session's lease is lost for
+	// good (it could not be held again, or a record names the session
+	// gone): from then on every Lock must fail with ErrSessionLost. It
+	// must be buffered (the store never blocks on it) and get nothing
+	// while the lease holds, nor at Close. The Run calls it once, after
+	// Open returned; nil means the lease cannot be lost.
+	LeaseLost() <-chan error
+}

@@ -40,6 +40,13 @@
 // (runstate.ErrSessionLost once it is lost for good). A session whose lock
 // connection died takes its lock back (under the head row lock) unless a
 // record names it gone meanwhile; after 10 s without it, it is lost. A
+// lost session's Run stops its running stages at once (the store is a
+// runstate.LeaseWatcher): their contexts are cancelled, with a cause
+// wrapping runstate.ErrSessionLost, as soon as the pinger finds a record
+// that names the session gone: within pingEvery (1 s) and a round trip of
+// the server being reachable again (measured 0.51-0.77 s, median 0.64 s,
+// 10 runs), or about 10 s after its last good ping when the server stays
+// out of reach (measured 9.9 s after the cut). A
 // server that started less than 10 s ago lost every lock with its restart:
 // within that grace a session opened before the restart counts as alive.
 //

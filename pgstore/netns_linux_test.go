@@ -120,6 +120,12 @@ func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 	assert.Equal(t, 2, st.Attempt())
 
 	m.restore(t)
+	// The cut-off session is lost (lostAfter without its lock, or the
+	// record naming it gone once it can ask): its stage is stopped.
+	ch.tell("context")
+	var sc stageContext
+	ch.expect("context", time.Minute, &sc)
+	assert.True(t, sc.Lost, "the cut-off process's stage context must end with ErrSessionLost; got %q", sc.Cause)
 	time.Sleep(time.Second)
 	ch.tell("complete")
 	var res stageResult

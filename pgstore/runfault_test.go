@@ -67,9 +67,17 @@ type stageResult struct {
 
 func init() { roles["stageholder"] = stageHolderRole }
 
+// stageContext is what a stageholder reports after "context": whether
+// its stage's context ended with ErrSessionLost (within 10 s of asking).
+type stageContext struct {
+	Lost  bool
+	Cause string
+}
+
 // stageHolderRole opens the run, begins Stage and reports "holding" with
 // its session once Begin returned; then "complete" completes the stage
-// and reports the result.
+// and reports the result, and "context" waits (at most 10 s) for the
+// stage's context to end and reports why.
 func stageHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) error {
 	var a stageHolderArgs
 	run, closeDB, err := openRun(ctx, raw, &a)
@@ -91,6 +99,16 @@ func stageHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) err
 				r.Err = err.Error()
 			}
 			cio.send("completed", r)
+		case "context":
+			var c stageContext
+			select {
+			case <-st.Context().Done():
+				cause := context.Cause(st.Context())
+				c = stageContext{Lost: errors.Is(cause, runstate.ErrSessionLost), Cause: cause.Error()}
+			case <-time.After(10 * time.Second):
+				c.Cause = "the stage's context did not end within 10 s"
+			}
+			cio.send("context", c)
 		case "":
 			return nil
 		}

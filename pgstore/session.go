@@ -60,6 +60,10 @@ type session struct {
 	// held is closed and replaced when the lock is re-held or lost, for
 	// batches that wait for either (waitHeld).
 	held chan struct{}
+	// lostCh gets the session's lost error once, when it is lost for good
+	// (lose), not at close: the Run stops its running stages
+	// (runstate.LeaseWatcher).
+	lostCh chan error
 
 	kick chan struct{} // re-hold now (a batch found the lock free)
 	stop chan struct{}
@@ -68,7 +72,7 @@ type session struct {
 
 // hold opens the lock connection and takes the session's lock.
 func (db *DB) hold(ctx context.Context, runID, id string) (*session, error) {
-	s := &session{db: db, id: id, key: lockKey(id), runID: runID, held: make(chan struct{}),
+	s := &session{db: db, id: id, key: lockKey(id), runID: runID, held: make(chan struct{}), lostCh: make(chan error, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	conn, err := s.connect(ctx)
 	if err != nil {
@@ -259,6 +263,22 @@ func (s *session) lose(cause error) {
 	}
 	close(s.held)
 	s.held = make(chan struct{})
+	s.lostCh <- s.lost // buffered, sent once: s.lost was nil
+}
+
+var _ runstate.LeaseWatcher = (*store)(nil)
+
+// LeaseLost is runstate.LeaseWatcher: the session's lost error, once the
+// pinger could not take its lock again within lostAfter or found a record
+// naming it gone, or a batch found its lock free past lostAfter. The Run
+// then cancels its running stages' contexts. Nil for a store that no
+// session opened.
+func (s *store) LeaseLost() <-chan error {
+	ses, err := s.session()
+	if err != nil {
+		return nil
+	}
+	return ses.lostCh
 }
 
 // check returns the sticky error of a lost session. A session whose lock
