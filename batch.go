@@ -56,6 +56,22 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 		return nil
 	}
 	r.apply(batch, b)
+	if c.conflict {
+		// An optimistic batch lost its bet (ErrConflict): nothing was
+		// written and the state is as before it; every transaction is
+		// decided again under the run's lock.
+		c.conflict = false
+		r.cur = nil
+		r.stMu.Unlock()
+		_ = b.Abort()
+		for _, t := range batch {
+			if t.claim.CompareAndSwap(txClaimed, txQueued) {
+				t.err, t.recs = nil, nil
+			}
+		}
+		r.runBatch(batch)
+		return nil
+	}
 	for _, t := range batch {
 		if t.last && t.err == nil {
 			r.writeManifest(b) // Close: the manifest as of the close record
@@ -160,7 +176,40 @@ func (r *Run) writeBatch(batch []*tx, b Batch, side bool) written {
 // the run's lock and stMu. On a failed Sync the run turns read-only.
 func (r *Run) apply(batch []*tx, b Batch) {
 	c := &r.c
+	start, startLen, mark := r.st.pos, r.st.lastLen, r.notes.mark()
 	w := r.writeBatch(batch, b, false)
+	// conflicted reports whether err is an optimistic batch's lost bet,
+	// and then rolls back what writeBatch applied (runLocked goes on).
+	conflicted := func(err error) bool {
+		if !errors.Is(err, ErrConflict) {
+			return false
+		}
+		if w.wrote {
+			r.notes.cut(mark)
+			if err := r.rollBack(start, startLen); err != nil {
+				r.setSticky(err)
+				for _, t := range w.ok {
+					t.err, t.recs = err, nil
+				}
+				return true
+			}
+		}
+		c.conflict = true
+		return true
+	}
+	if ob, ok := b.(OptimisticBatch); ok && !w.sync {
+		if err := ob.Confirm(context.Background()); err != nil {
+			if conflicted(err) {
+				return
+			}
+			r.setSticky(err)
+			for _, t := range w.ok {
+				t.err, t.recs = err, nil
+			}
+			r.notes.lost()
+			return
+		}
+	}
 	if !w.wrote {
 		if w.flush && c.lag.behind {
 			r.writeNextSteps(b)
@@ -184,6 +233,9 @@ func (r *Run) apply(batch []*tx, b Batch) {
 			err = r.syncBatch(b, ok)
 		}
 		if err != nil {
+			if conflicted(err) {
+				return
+			}
 			r.setSticky(err)
 			failAll(err)
 			r.notes.lost()
@@ -221,6 +273,9 @@ func (r *Run) apply(batch []*tx, b Batch) {
 func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c := &r.c
 	_, side := b.(SideWriter)
+	// An optimistic batch may lose its bet at Sync (ErrConflict) and be
+	// rolled back: readers must not see its records meanwhile.
+	_, opt := b.(OptimisticBatch)
 	if side {
 		for _, t := range ok {
 			if !t.sync && t.done != nil {
@@ -232,7 +287,9 @@ func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c.mu.Lock()
 	c.syncing = side
 	c.mu.Unlock()
-	r.stMu.Unlock()
+	if !opt {
+		r.stMu.Unlock()
+	}
 	start := c.policy.now()
 	err := b.Sync(context.Background())
 	d := c.policy.since(start)
@@ -241,7 +298,9 @@ func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c.policy.noteSync(d)
 	c.mu.Unlock()
 	c.sideWriters.Wait()
-	r.stMu.Lock()
+	if !opt {
+		r.stMu.Lock()
+	}
 	return err
 }
 
@@ -326,4 +385,33 @@ func (r *Run) reload(start chain, startLen int64) {
 	}
 	st.lastLen = startLen
 	r.st = st
+}
+
+// errRolledBack stops rollBack's read at the position it rolls back to.
+var errRolledBack = errors.New("runstate: read up to the rollback position")
+
+// rollBack rebuilds the state as of start from the store's records (an
+// optimistic batch that lost its bet: other sessions' records may follow
+// start in the store; Lock's Tail applies them next).
+func (r *Run) rollBack(start chain, startLen int64) error {
+	st := newState()
+	p := replayer{path: r.store.String(), c: &st.pos, apply: st.replay}
+	_, err := r.store.Read(context.Background(), Position{}, func(line []byte) error {
+		if st.pos.seq >= start.seq {
+			return errRolledBack
+		}
+		return p.line(line)
+	})
+	if errors.Is(err, errRolledBack) {
+		err = nil
+	}
+	if err == nil && st.pos != start {
+		err = fmt.Errorf("the store's record %d is not the one this session read", start.seq)
+	}
+	if err != nil {
+		return fmt.Errorf("runstate: roll back to record %d of %s after a conflict: %w", start.seq, r.store, err)
+	}
+	st.lastLen = startLen
+	r.st = st
+	return nil
 }
