@@ -17,11 +17,13 @@ import (
 // COMMIT go in one pipeline. A failed compare-and-set aborts the
 // transaction with nothing written, and Sync or Confirm return
 // runstate.ErrConflict; the committer then decides the batch again under
-// Lock. After a lost bet the store locks until as many Locks in a row as
-// it lost bets lately (1, 2, 4 … 64; halved by each bet won) found no other
-// session's records: where several processes take turns on one run, a bet
-// would lose most of the time, and each lost one costs the Run a read of
-// the run's records up to its position (runstate's rollBack).
+// Lock. After a lost bet the store locks until Locks in a row have found
+// no other session's records: 4 of them after one lost bet, 4 times as
+// many after each further one (up to 256), half as many after each bet
+// won. Where several processes take turns on one run a bet would lose
+// most of the time, and a lost one costs more than a Lock: the wait for
+// the row, a ROLLBACK, and the Run's read of the records up to its
+// position (runstate's rollBack).
 
 // optimism is what the store knows of the run's head. Safe for concurrent
 // use.
@@ -70,7 +72,7 @@ func (o *optimism) conflict() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.quiet = 0
-	o.need = min(max(2*o.need, 2), 64)
+	o.need = min(max(4*o.need, 4), 256)
 	o.lost++
 }
 
