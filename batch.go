@@ -105,6 +105,18 @@ func onlyBegins(recs []*Record) bool {
 	return true
 }
 
+// onlyFlushes reports whether batch is the handoff lag timer's
+// transactions alone, which decide nothing: an optimistic batch of them
+// needs no Confirm (it publishes the handoff at Unlock, newest seq wins).
+func onlyFlushes(batch []*tx) bool {
+	for _, t := range batch {
+		if !t.flush {
+			return false
+		}
+	}
+	return true
+}
+
 // written is what writeBatch appended.
 type written struct {
 	ok      []*tx // the transactions whose records (if any) are written
@@ -197,7 +209,7 @@ func (r *Run) apply(batch []*tx, b Batch) {
 		c.conflict = true
 		return true
 	}
-	if ob, ok := b.(OptimisticBatch); ok && !w.sync {
+	if ob, ok := b.(OptimisticBatch); ok && !w.sync && !onlyFlushes(batch) {
 		if err := ob.Confirm(context.Background()); err != nil {
 			if conflicted(err) {
 				return

@@ -604,6 +604,9 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
 	pb := b.commitBatch(lazy)
+	if b.opt && n == 0 && pb.Len() <= 2 {
+		return nil // an optimistic batch with nothing to write (SET LOCAL, COMMIT): no transaction
+	}
 	if b.opt {
 		if b.conn == nil {
 			conn, err := b.s.db.pool.Acquire(ctx)

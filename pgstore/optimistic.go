@@ -35,6 +35,7 @@ type optimism struct {
 	offset time.Duration     // the database's clock minus the local one, at the last Lock
 	quiet  int               // Locks in a row that found no other session's records
 	need   int               // quiet Locks needed before a bet (0: 1)
+	locks  int               // Locks taken (tests)
 	bets   int               // optimistic batches made (tests)
 	lost   int               // of which conflicts (tests)
 }
@@ -49,6 +50,7 @@ func (o *optimism) locked(head runstate.Position, lastAt *time.Time, dbNow time.
 		o.lastAt = *lastAt
 	}
 	o.offset = dbNow.Sub(time.Now())
+	o.locks++
 	if others {
 		o.quiet = 0
 	} else {

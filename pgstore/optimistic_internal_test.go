@@ -29,6 +29,12 @@ func openOptimist(t *testing.T, db *DB, run string) (*runstate.Run, *store) {
 	return r, s
 }
 
+func (o *optimism) lockCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.locks
+}
+
 func (o *optimism) counts() (bets, lost int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -153,6 +159,30 @@ func TestOptimisticConflictIsDecidedAgainUnderTheLock(t *testing.T) {
 	require.Equal(t, order, completes[len(completes)-2:], "a's stage is complete after b's, decided again on the head")
 	require.Equal(t, runstate.StateComplete, stageOf(t, a, order[0]).State, "a caught up with b's records when it locked")
 	require.Equal(t, runstate.StateComplete, stageOf(t, a, order[1]).State)
+}
+
+// A session alone on its run takes no Lock once it knows the head: not
+// for its Dos, nor for the handoff timer's flushes between them (which
+// decide nothing, so need no proof of the head), and a Do is two
+// transactions of one round trip each.
+func TestOptimisticLoneSessionTakesNoLock(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	a, as := openOptimist(t, db, "alone")
+	require.NoError(t, a.Do(ctx, "first", func(context.Context, *runstate.Stage) error { return nil }))
+	locks0 := as.opt.lockCount()
+	bets0, _ := as.opt.counts()
+	for k := range 5 {
+		require.NoError(t, a.Do(ctx, fmt.Sprintf("s%d", k), func(_ context.Context, st *runstate.Stage) error {
+			return st.WriteFile(fmt.Sprintf("out-%d.txt", k), []byte("output"))
+		}))
+		time.Sleep(120 * time.Millisecond) // past the handoff's lag: its timer flushes
+	}
+	bets, lost := as.opt.counts()
+	require.Equal(t, locks0, as.opt.lockCount(), "Locks after the first Do")
+	require.Zero(t, lost)
+	require.GreaterOrEqual(t, bets-bets0, 10, "each Do's begin and complete bet")
+	checkChain(t, db, "alone")
 }
 
 // A bet whose decision asks whether another session lives is decided again
