@@ -280,14 +280,13 @@ func (r *Run) apply(batch []*tx, b Batch) {
 // while the batch waits for the disk, and so may a side writer (see
 // commitTx) with more begins: this process holds the run's lock until the
 // fsync is done. Readers of the state (Status, Begin's look at a stage's
-// outputs) may come in meanwhile too. The caller holds stMu, and holds it
-// again on return.
+// outputs) may come in meanwhile too; they may see an optimistic batch's
+// records that its Sync then finds in conflict (rolled back and decided
+// again), as they may see records whose Sync fails. The caller holds stMu,
+// and holds it again on return.
 func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c := &r.c
 	_, side := b.(SideWriter)
-	// An optimistic batch may lose its bet at Sync (ErrConflict) and be
-	// rolled back: readers must not see its records meanwhile.
-	_, opt := b.(OptimisticBatch)
 	if side {
 		for _, t := range ok {
 			if !t.sync && t.done != nil {
@@ -299,9 +298,7 @@ func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c.mu.Lock()
 	c.syncing = side
 	c.mu.Unlock()
-	if !opt {
-		r.stMu.Unlock()
-	}
+	r.stMu.Unlock()
 	start := c.policy.now()
 	err := b.Sync(context.Background())
 	d := c.policy.since(start)
@@ -310,9 +307,7 @@ func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c.policy.noteSync(d)
 	c.mu.Unlock()
 	c.sideWriters.Wait()
-	if !opt {
-		r.stMu.Lock()
-	}
+	r.stMu.Lock()
 	return err
 }
 
