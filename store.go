@@ -239,7 +239,9 @@ type Optimist interface {
 // too. On ErrConflict the committer rolls its state back to the
 // Position, Aborts the batch, and decides every transaction of it again
 // under Store.Lock. Unlock and Abort after Sync or Confirm release
-// nothing but the batch.
+// nothing but the batch. The committer does not Confirm a batch of the
+// handoff timer's flushes alone (they decide nothing): its Unlock writes
+// what Publish kept, if anything, without the lock (newest at wins).
 type OptimisticBatch interface {
 	Batch
 	// Confirm is Sync without the wait for durability, for a batch no
