@@ -49,7 +49,7 @@ func (o *optimism) locked(head runstate.Position, lastAt *time.Time, dbNow time.
 	if lastAt != nil {
 		o.lastAt = *lastAt
 	}
-	o.offset = dbNow.Sub(time.Now())
+	o.offset = time.Until(dbNow)
 	o.locks++
 	if others {
 		o.quiet = 0
