@@ -59,17 +59,26 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 	if c.conflict {
 		// An optimistic batch lost its bet (ErrConflict): nothing was
 		// written and the state is as before it; every transaction is
-		// decided again under the run's lock.
+		// decided again, without a bet (tryLock).
 		c.conflict = false
+		c.noBet.Store(true)
 		r.cur = nil
 		r.stMu.Unlock()
 		_ = b.Abort()
+		var again []*tx
 		for _, t := range batch {
 			if t.claim.CompareAndSwap(txClaimed, txQueued) {
 				t.err, t.recs = nil, nil
+				again = append(again, t)
 			}
 		}
-		r.runBatch(batch)
+		// Back to the front of the queue, in a new array: the leader
+		// (lead, after runNow too) takes them next, under TryLock, or
+		// hands them to leadLater when another session holds the lock, so
+		// that no caller waits longer than its context allows.
+		c.mu.Lock()
+		c.queue = append(again, c.queue...)
+		c.mu.Unlock()
 		return nil
 	}
 	for _, t := range batch {

@@ -81,8 +81,10 @@ type committer struct {
 	deduped      int // Effect returned a stored receipt
 	// conflict: the leader's optimistic batch found the run's head moved
 	// (ErrConflict); apply set it, with the state rolled back, and
-	// runLocked decides the batch again under the lock (under stMu).
+	// runLocked queues the batch again (under stMu); noBet: the next
+	// batch is not optimistic (tryLock).
 	conflict bool
+	noBet    atomic.Bool
 }
 
 // tx is one unit of the group commit: fn decides, on the current state and
@@ -230,7 +232,7 @@ func (r *Run) tryLock() (Batch, bool, error) {
 	r.stMu.RLock()
 	from := r.st.position()
 	r.stMu.RUnlock()
-	if opt {
+	if opt && !r.c.noBet.Swap(false) {
 		if b, ok := o.LockOptimistic(from); ok {
 			return b, true, nil
 		}

@@ -89,7 +89,7 @@ var (
 	// Position the batch was decided on, or the batch cannot be proven
 	// right without the run's lock: nothing was written. The committer
 	// answers it by rolling its state back and deciding the batch again
-	// under Store.Lock; callers never see it.
+	// with the run's lock (TryLock or Lock); callers never see it.
 	ErrConflict = errors.New("runstate: the run's head moved under an optimistic batch")
 
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage

@@ -232,13 +232,15 @@ type Optimist interface {
 // without the lock: its Sync and Confirm return ErrConflict. Its Sync and
 // Confirm write what Append queued if and only if the run's head is still
 // the Position given to LockOptimistic and the session's liveness holds,
-// at once and atomically; otherwise they write nothing and return an
+// at once and atomically, without waiting for another session's batch
+// (one under way is a conflict); otherwise they write nothing and return an
 // error wrapping ErrConflict (or ErrSessionLost when the session is
 // proven gone). A batch that appended nothing cannot prove its
 // decisions were made on the head, so its Confirm returns ErrConflict
 // too. On ErrConflict the committer rolls its state back to the
 // Position, Aborts the batch, and decides every transaction of it again
-// under Store.Lock. Unlock and Abort after Sync or Confirm release
+// in its next batch, which it does not ask LockOptimistic for (TryLock or
+// Lock, as without an Optimist). Unlock and Abort after Sync or Confirm release
 // nothing but the batch. The committer does not Confirm a batch of the
 // handoff timer's flushes alone (they decide nothing): its Unlock writes
 // what Publish kept, if anything, without the lock (newest at wins).

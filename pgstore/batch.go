@@ -499,13 +499,18 @@ func (b *batch) release() {
 // the session is gone; $22 NULL: none, Lock checked it); then, only when both hold, the records, their
 // outputs and the small blobs those name. A failed compare-and-set
 // divides by zero (22012) and a failed fence takes the square root of -1
-// (2201F): each aborts the transaction with nothing written. Under the
-// row lock (Lock) neither can happen but by a bug or a lost session; in an
-// optimistic batch (optimistic.go) the first is a conflict. $26 makes the
+// (2201F): each aborts the transaction with nothing written. The head row
+// is locked NOWAIT first (lk): a row another session's batch holds fails
+// at once (55P03), rather than making the batch wait without a deadline.
+// Under the row lock (Lock) none of these can happen but by a bug or a
+// lost session; in an optimistic batch (optimistic.go) the first and the
+// last are conflicts. $26 makes the
 // COMMIT asynchronous (a lazy batch) without a statement of its own.
-const appendSQL = `WITH head AS (
+const appendSQL = `WITH lk AS (
+  SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+), head AS (
   UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
-  WHERE id = $1 AND last_seq = $20 AND last_hash = $21
+  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 AND EXISTS (SELECT FROM lk)
   RETURNING $22::bigint IS NULL OR NOT pg_try_advisory_xact_lock_shared($22) AS alive
 ), chunks AS (
   INSERT INTO {s}.blob_chunks (sha256, n, data)
@@ -526,9 +531,11 @@ SELECT 1 / (SELECT count(*)::int FROM head), sqrt((SELECT CASE WHEN alive THEN 1
 
 // appendRecordsSQL is appendSQL for records without outputs or blobs (a
 // begin): three fewer tables touched, fewer parameters to bind.
-const appendRecordsSQL = `WITH head AS (
+const appendRecordsSQL = `WITH lk AS (
+  SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+), head AS (
   UPDATE {s}.runs SET last_seq = $11, last_hash = $12, last_end = $13, last_len = $14, last_at = $15
-  WHERE id = $1 AND last_seq = $16 AND last_hash = $17
+  WHERE id = $1 AND last_seq = $16 AND last_hash = $17 AND EXISTS (SELECT FROM lk)
   RETURNING $18::bigint IS NULL OR NOT pg_try_advisory_xact_lock_shared($18) AS alive
 ), ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
@@ -658,6 +665,12 @@ func (b *batch) appendError(err error) error {
 				return fmt.Errorf("%w: run %s: another session appended after record %d", runstate.ErrConflict, b.s.name, b.head.Seq)
 			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
+		case "55P03": // lock_not_available: appendSQL's NOWAIT, another session's batch holds the head
+			if b.opt {
+				b.s.opt.conflict()
+				return fmt.Errorf("%w: run %s: another session's batch holds the head row", runstate.ErrConflict, b.s.name)
+			}
+			return fmt.Errorf("pgstore: run %s: the head row was locked by another session under this batch's lock (a bug); nothing was recorded", b.s.name)
 		case "2201F": // appendSQL's self-fence (an optimistic batch's): the session's own lock was takeable
 			b.s.opt.conflict()
 			if err := b.ses.fenced(); !errors.Is(err, errRehold) {

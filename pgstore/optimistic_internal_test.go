@@ -297,3 +297,47 @@ func TestOptimisticRacingSessionsKeepTheChain(t *testing.T) {
 		require.NoError(t, r.Close())
 	}
 }
+
+// A bet on a head row that another session's batch holds (here a
+// transaction that locked it and waits) does not wait for it: the bet is
+// lost at once (NOWAIT), the batch goes to the committer's queue again and
+// is handed to a goroutine that waits for the lock, and the caller gives
+// up when its context ends, as without a bet.
+func TestOptimisticBetOnAHeldHeadWaitsNoLongerThanItsContext(t *testing.T) {
+	db := newTestDB(t)
+	a, as := openOptimist(t, db, "held")
+	require.NoError(t, a.Do(context.Background(), "first", func(context.Context, *runstate.Stage) error { return nil }))
+	bets0, lost0 := as.opt.counts()
+
+	conn, err := db.pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(context.Background(), "BEGIN")
+	require.NoError(t, err)
+	_, err = conn.Exec(context.Background(), db.sql(`SELECT 1 FROM {s}.runs WHERE name = 'held' FOR NO KEY UPDATE`))
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(3 * time.Second) // the old way waited for this
+		_, _ = conn.Exec(context.Background(), "COMMIT")
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = a.Do(ctx, "blocked", func(context.Context, *runstate.Stage) error { return nil })
+	waited := time.Since(start)
+	require.Error(t, err, "the head row is held")
+	require.Less(t, waited, 2*time.Second, "the call gave up when its context ended (%v)", err)
+	bets, lost := as.opt.counts()
+	require.Equal(t, bets0+1, bets, "the begin bet")
+	require.Equal(t, lost0+1, lost, "and lost at once")
+
+	<-released
+	require.NoError(t, a.Do(context.Background(), "after", func(context.Context, *runstate.Stage) error { return nil }))
+	recs := checkChain(t, db, "held")
+	for _, r := range recs {
+		require.NotEqual(t, "blocked", r.Stage, "nothing of the call that gave up is recorded")
+	}
+}
