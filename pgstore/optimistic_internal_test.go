@@ -117,7 +117,7 @@ func TestOptimisticConflictIsDecidedAgainUnderTheLock(t *testing.T) {
 	n := 0
 	untilBetting := func() {
 		t.Helper()
-		for k := 0; k < 20; k++ {
+		for k := 0; k < 300; k++ {
 			b0, l0 := as.opt.counts()
 			n++
 			do(a, fmt.Sprintf("quiet-%d", n))
@@ -201,6 +201,9 @@ func TestOptimisticAliveForcesTheLock(t *testing.T) {
 	require.NoError(t, a.Do(ctx, "a2", func(context.Context, *runstate.Stage) error { return nil }))
 	require.NoError(t, a.Do(ctx, "a3", func(context.Context, *runstate.Stage) error { return nil }))
 	runstatetest.Crash(b)
+	as.opt.mu.Lock()
+	as.opt.eager = true // a bets on the head it knows, though b appended lately
+	as.opt.mu.Unlock()
 	bets0, _ := as.opt.counts()
 	require.NoError(t, a.Do(ctx, "held", func(context.Context, *runstate.Stage) error { return nil }),
 		"b crashed: its stage is begun again, not ErrBusy")
@@ -232,6 +235,9 @@ func TestOptimisticRacingSessionsKeepTheChain(t *testing.T) {
 	stores := make([]*store, sessions)
 	for i := range runs {
 		runs[i], stores[i] = openOptimist(t, db, "race")
+		stores[i].opt.mu.Lock()
+		stores[i].opt.eager = true // bet whenever the head is known: bets race
+		stores[i].opt.mu.Unlock()
 	}
 	var calls [shared]atomic.Int32
 	var wg sync.WaitGroup
@@ -293,6 +299,7 @@ func TestOptimisticRacingSessionsKeepTheChain(t *testing.T) {
 	}
 	t.Logf("bets %d, lost %d", bets, lost)
 	require.Positive(t, bets)
+	require.Positive(t, lost, "racing bets lose some")
 	for _, r := range runs {
 		require.NoError(t, r.Close())
 	}
