@@ -66,8 +66,8 @@ func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 		if errors.Is(rerr, runstate.ErrReadOnly) {
 			return rerr
 		}
-		return fmt.Errorf("pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed (%v), and running the batch again failed, so nothing was recorded (this Run is read-only: open the run again): %w",
-			b.s.name, first.Seq, last.Seq, err, rerr)
+		return fmt.Errorf("%w: pgstore: run %s: the connection was lost before the COMMIT of records %d-%d landed (%v), and running the batch again failed, so nothing was recorded (this Run is read-only: open the run again): %w",
+			runstate.ErrReadOnly, b.s.name, first.Seq, last.Seq, err, rerr)
 	}
 	return nil
 }

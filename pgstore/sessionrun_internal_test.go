@@ -261,7 +261,7 @@ func TestRunLazyBeginCommitCut(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			a := f.openRunIn(t, f.db, dir, sessionOptions())
-			armed := f.proxy.Arm(pgproxy.Rule{Cut: cut, Match: []string{"synchronous_commit = off", `"ev":"begin"`, `"stage":"cut-me"`}})
+			armed := f.proxy.Arm(pgproxy.Rule{Cut: cut, Match: []string{`"ev":"begin"`, `"stage":"cut-me"`}})
 			st, err := a.Begin(ctx, "cut-me")
 			require.True(t, armed.Wait(5*time.Second), "the proxy did not cut: %q", f.proxy.Log())
 			require.NoError(t, err)
@@ -295,12 +295,17 @@ func TestRunLazyBeginCommitCutNotRerunStopsTheStage(t *testing.T) {
 	dir := t.TempDir()
 	a := f.openRunIn(t, f.db, dir, sessionOptions())
 	b := f.openRunIn(t, f.direct, t.TempDir(), sessionOptions())
-	armed := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"synchronous_commit = off", `"ev":"begin"`, `"stage":"cut-me"`}})
+	armed := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{`"ev":"begin"`, `"stage":"cut-me"`}})
 	f.proxy.Refuse(false)
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
-		<-armed.Fired()
+		select {
+		case <-armed.Fired():
+		case <-time.After(10 * time.Second):
+			t.Error("the proxy did not cut the begin's batch")
+			return
+		}
 		f.proxy.Refuse(true) // the commit check cannot reach the server
 		assert.NoError(t, b.Do(ctx, "other", func(context.Context, *runstate.Stage) error { return nil }))
 		f.proxy.Refuse(false)
