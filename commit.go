@@ -70,6 +70,7 @@ type committer struct {
 	// handoff must show before they return (under stMu).
 	sideHeld []*tx
 
+	tail   tailer       // applies other sessions' records (batch.go), under stMu
 	policy batchPolicy  // when to yield and gather (commitpolicy.go)
 	lag    handoffTimer // the handoff's lag behind begins (handoff.go)
 
