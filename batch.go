@@ -129,9 +129,9 @@ func (r *Run) writeBatch(batch []*tx, b Batch, side bool) written {
 	var w written
 	var buf bytes.Buffer
 	// Room for each transaction's lines at once (a begin, or an end, is
-	// about as long as the last line), instead of growing from 64 bytes
-	// by doubling: one allocation for most batches.
-	buf.Grow(len(batch) * int(max(2*r.st.lastLen, 512)))
+	// rarely half as long again as the last line), instead of growing
+	// from 64 bytes by doubling: one allocation for most batches.
+	buf.Grow(len(batch) * int(max(r.st.lastLen+r.st.lastLen/2, 256)))
 	var recs []*Record
 	start := r.st.pos
 	mark := r.notes.mark()
