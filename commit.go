@@ -70,6 +70,7 @@ type committer struct {
 	// handoff must show before they return (under stMu).
 	sideHeld []*tx
 
+	tail   tailer       // applies other sessions' records (batch.go), under stMu
 	policy batchPolicy  // when to yield and gather (commitpolicy.go)
 	lag    handoffTimer // the handoff's lag behind begins (handoff.go)
 
@@ -217,6 +218,13 @@ func (r *Run) lead(own *tx) bool {
 		_ = r.runLocked(batch, b, err)
 		c.mu.Lock()
 		c.policy.woke = len(batch) > 1 || batch[0] != own
+		if c.queue == nil {
+			// Nothing came meanwhile: the next commitTx queues into the
+			// batch's array instead of allocating one (runLocked is done
+			// with it, and no transaction keeps it).
+			clear(batch)
+			c.queue = batch[:0]
+		}
 	}
 	return true
 }

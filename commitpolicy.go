@@ -10,11 +10,13 @@ import (
 // batchPolicy decides, for the committer (commit.go), when a leader yields
 // before taking a batch and when it holds the batch a little for more
 // transactions (cooperate, gather). It keeps the moving averages those
-// choices rest on, measured on its clock (now; tests inject one). Its
-// fields are guarded by the committer's mu, but gathered and gatherLate,
-// which tests read.
+// choices rest on, measured on its clock, which also runs gather's wait
+// and the handoff's lag timer (handoff.go); tests inject one they drive by
+// hand. Its fields are guarded by the committer's mu, but gathered and
+// gatherLate, which tests read, and clock, which is set before the Run's
+// first batch and not changed after (but by a test, under mu).
 type batchPolicy struct {
-	now func() time.Time
+	clock clock
 	// woke: the last batch woke a goroutine other than its leader.
 	woke bool
 	// arrive, when set, is closed as a transaction to sync is queued;
@@ -46,7 +48,36 @@ type batchRunner interface {
 	runNow(batch []*tx) bool
 }
 
-func (p *batchPolicy) init() { p.now = time.Now }
+// clock is the batch policy's time and its timers: the wall clock
+// (wallClock), or a test's that it advances by hand.
+type clock interface {
+	Now() time.Time
+	// NewTimer returns a channel that receives once d has passed, and the
+	// timer, to stop when it is no longer waited for.
+	NewTimer(d time.Duration) (<-chan time.Time, stopper)
+	// AfterFunc calls f in its own goroutine once d has passed.
+	AfterFunc(d time.Duration, f func()) stopper
+}
+
+// stopper is a timer of a clock; Stop reports whether it stopped the timer
+// before it fired (as time.Timer's Stop).
+type stopper interface{ Stop() bool }
+
+// wallClock is the clock of the time package.
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) NewTimer(d time.Duration) (<-chan time.Time, stopper) {
+	t := time.NewTimer(d)
+	return t.C, t
+}
+
+func (wallClock) AfterFunc(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }
+
+func (p *batchPolicy) init() { p.clock = wallClock{} }
+
+func (p *batchPolicy) now() time.Time { return p.clock.Now() }
 
 func (p *batchPolicy) since(t time.Time) time.Duration { return p.now().Sub(t) }
 
@@ -224,10 +255,10 @@ func (p *batchPolicy) gather(c *committer, run batchRunner, own *tx) {
 		arrive := make(chan struct{})
 		p.arrive = arrive
 		c.mu.Unlock()
-		t := time.NewTimer(left)
+		fired, t := p.clock.NewTimer(left)
 		select {
 		case <-arrive:
-		case <-t.C:
+		case <-fired:
 		}
 		t.Stop()
 		c.mu.Lock()

@@ -28,7 +28,7 @@ const handoffLag = 50 * time.Millisecond
 type handoffTimer struct {
 	behind   bool
 	flushes  atomic.Int64
-	timer    *time.Timer
+	timer    stopper // on the batch policy's clock
 	flushing sync.WaitGroup
 	closing  bool
 }
@@ -50,7 +50,7 @@ func (r *Run) flushHandoffLater() {
 		return
 	}
 	c.lag.flushing.Add(1)
-	c.lag.timer = time.AfterFunc(handoffLag, func() {
+	c.lag.timer = c.policy.clock.AfterFunc(handoffLag, func() {
 		defer c.lag.flushing.Done()
 		c.mu.Lock()
 		c.lag.timer = nil

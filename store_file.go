@@ -426,6 +426,7 @@ func (s *dirStore) Close(clean bool) error {
 type dirBatch struct {
 	s     *dirStore
 	from  chain  // where the Run was when it took the lock
+	at    chain  // where Tail has read to (a field, so that it need not escape)
 	lines []byte // what the leader's last Append wrote
 	end   chain  // where that ends
 	span  []byte // the ledger bytes the journal must take (wal.span)

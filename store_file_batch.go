@@ -29,17 +29,18 @@ func (b *dirBatch) Tail(fn func(line []byte) error) error {
 	if err != nil {
 		return fmt.Errorf("runstate: size of %s: %w", s.path(ledgerFile), err)
 	}
-	c := b.from
+	b.at = b.from
+	c := &b.at
 	if size > c.offset {
 		sr := io.NewSectionReader(s.ledger, c.offset, size-c.offset)
-		if _, err := replay(sr, s.path(ledgerFile), &c, func(_ *Record, line []byte) error { return fn(line) }); err != nil {
+		if _, err := replay(sr, s.path(ledgerFile), c, func(_ *Record, line []byte) error { return fn(line) }); err != nil {
 			return err
 		}
 	}
 	if size == c.offset {
 		return nil // no torn tail: spare cutTorn's seek
 	}
-	return s.cutTorn(c)
+	return s.cutTorn(*c)
 }
 
 // Now is the local clock.

@@ -59,15 +59,14 @@ func (s *dirStore) checkFile(rel string, id fileID) error {
 	if id == (fileID{}) {
 		return nil
 	}
-	p := s.path(rel)
 	same, err := s.pathIs(rel, id)
 	if err == nil && same {
-		return nil
+		return nil // every batch: no path joined for an error not made
 	}
 	if err == nil || isNotExist(err) {
 		err = errReplaced
 	}
-	return &WriteError{Path: p, Op: "check", Sticky: true, Err: err}
+	return &WriteError{Path: s.path(rel), Op: "check", Sticky: true, Err: err}
 }
 
 // statFileID is fileID by Stat, for os.SameFile.
