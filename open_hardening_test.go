@@ -297,3 +297,23 @@ func TestCloseIsSafeUnderConcurrency(t *testing.T) {
 		assert.Equal(t, 1, n, "close records")
 	}
 }
+
+// A working directory whose run is kept elsewhere (pgstore names it in
+// logs/run.json) is not made a run directory: Open returns ErrMismatch
+// naming the address, and leaves no ledger behind.
+func TestOpenRefusesAWorkingDirectoryOfARunKeptElsewhere(t *testing.T) {
+	dir := t.TempDir()
+	addr := "postgres://agent@db:5432/agents?run=billing"
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "logs", "run.json"),
+		[]byte(`{"store": "postgres", "address": "`+addr+`"}`), 0o644))
+	run, err := runstate.Open(dir, nil)
+	if err == nil {
+		run.Close()
+	}
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), addr)
+	assert.Contains(t, err.Error(), "runstate status")
+	_, err = os.Stat(filepath.Join(dir, "logs", "ledger.jsonl"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "Open left a ledger in the working directory")
+}

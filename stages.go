@@ -236,6 +236,9 @@ func (ev *evidence) fingerprints(s *state, stage string) (map[string]string, err
 // staleReason compares the recorded evidence of a done stage with the
 // current one and says what changed, or "" when it all holds.
 func staleReason(recorded, current map[string]string) string {
+	if len(recorded) == 0 && len(current) == 0 {
+		return "" // the common case, without sorting two empty key sets
+	}
 	for _, k := range slices.Sorted(maps.Keys(current)) {
 		old, ok := recorded[k]
 		switch {
