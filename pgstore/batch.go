@@ -50,12 +50,6 @@ type batch struct {
 	// taken once, so that a re-run of the commit carries them again.
 	inline []inlineBlob
 	took   bool
-
-	// opt: an optimistic batch (optimistic.go), which holds no lock and
-	// no connection until its commit; needLock: a decision asked Alive
-	// about another session, which only the lock can answer.
-	opt      bool
-	needLock bool
 }
 
 type recordRows struct {
@@ -279,7 +273,6 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 		return fmt.Errorf("%w: run %s: record %d's hash in the database is not the one this session read; open the run again",
 			runstate.ErrSessionLost, b.s.name, from.Seq)
 	}
-	b.s.opt.locked(b.head, lastAt, b.now, len(b.tail) > 0)
 	return nil
 }
 
@@ -310,10 +303,6 @@ func (b *batch) Alive(session string) bool {
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return false // not a session this store can hold
-	}
-	if b.opt {
-		b.needLock = true // the batch is decided again under the lock
-		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -411,9 +400,6 @@ func (b *batch) Sync(ctx context.Context) error {
 	if b.done || b.synced {
 		return nil
 	}
-	if err := b.bet(); err != nil {
-		return err
-	}
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
@@ -458,7 +444,7 @@ func (b *batch) Abort() error {
 		return nil
 	}
 	defer b.release()
-	if b.synced || b.conn == nil { // an optimistic batch's before its commit: nothing to drop
+	if b.synced {
 		return nil
 	}
 	if b.failed {
@@ -476,7 +462,7 @@ func (b *batch) Abort() error {
 // rollback ends a transaction whose commit failed, best effort (a broken
 // connection is dropped by the pool at release).
 func (b *batch) rollback() {
-	if b.conn == nil || b.conn.Conn().PgConn().IsClosed() {
+	if b.conn.Conn().PgConn().IsClosed() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -487,63 +473,24 @@ func (b *batch) rollback() {
 func (b *batch) release() {
 	if !b.done {
 		b.done = true
-		if b.conn != nil {
-			b.conn.Release()
-		}
+		b.conn.Release()
 	}
 }
 
-// The statement that appends a batch, in one statement (one bind, one
-// execution): the head's compare-and-set first, with the session's
-// self-fence evaluated under the row lock it takes (own lock takeable:
-// the session is gone; $22 NULL: none, Lock checked it); then, only when both hold, the records, their
-// outputs and the small blobs those name. A failed compare-and-set
-// divides by zero (22012) and a failed fence takes the square root of -1
-// (2201F): each aborts the transaction with nothing written. The head row
-// is locked NOWAIT first (lk): a row another session's batch holds fails
-// at once (55P03), rather than making the batch wait without a deadline.
-// Under the row lock (Lock) none of these can happen but by a bug or a
-// lost session; in an optimistic batch (optimistic.go) the first and the
-// last are conflicts. $26 makes the
-// COMMIT asynchronous (a lazy batch) without a statement of its own.
-const appendSQL = `WITH lk AS (
-  SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT
-), head AS (
-  UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
-  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 AND EXISTS (SELECT FROM lk)
-  RETURNING $22::bigint IS NULL OR NOT pg_try_advisory_xact_lock_shared($22) AS alive
-), chunks AS (
-  INSERT INTO {s}.blob_chunks (sha256, n, data)
-  SELECT s, 0, d FROM unnest($23::bytea[], $24::bytea[]) u(s, d) WHERE (SELECT alive FROM head) ON CONFLICT DO NOTHING
-), bl AS (
-  INSERT INTO {s}.blobs (sha256, size, chunks)
-  SELECT s, n, 1 FROM unnest($23::bytea[], $25::bigint[]) u(s, n) WHERE (SELECT alive FROM head) ON CONFLICT DO NOTHING
-), ins AS (
+// The statement that appends a batch: the records, their outputs, and the
+// head's compare-and-set (a failed one divides by zero, which aborts the
+// transaction; under the row lock it can only be a bug).
+const appendSQL = `WITH ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, u.* FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
-  WHERE (SELECT alive FROM head)
+  SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[])
 ), outs AS (
   INSERT INTO {s}.outputs (run_id, seq, path, sha256, size)
-  SELECT $1, u.* FROM unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[]) u WHERE (SELECT alive FROM head)
-)
-SELECT 1 / (SELECT count(*)::int FROM head), sqrt((SELECT CASE WHEN alive THEN 1 ELSE -1 END FROM head)),
-  CASE WHEN $26::bool THEN set_config('synchronous_commit', 'off', true) END`
-
-// appendRecordsSQL is appendSQL for records without outputs or blobs (a
-// begin): three fewer tables touched, fewer parameters to bind.
-const appendRecordsSQL = `WITH lk AS (
-  SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+  SELECT $1, * FROM unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[])
 ), head AS (
-  UPDATE {s}.runs SET last_seq = $11, last_hash = $12, last_end = $13, last_len = $14, last_at = $15
-  WHERE id = $1 AND last_seq = $16 AND last_hash = $17 AND EXISTS (SELECT FROM lk)
-  RETURNING $18::bigint IS NULL OR NOT pg_try_advisory_xact_lock_shared($18) AS alive
-), ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, u.* FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
-  WHERE (SELECT alive FROM head)
+  UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
+  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 RETURNING 1
 )
-SELECT 1 / (SELECT count(*)::int FROM head), sqrt((SELECT CASE WHEN alive THEN 1 ELSE -1 END FROM head)),
-  CASE WHEN $19::bool THEN set_config('synchronous_commit', 'off', true) END`
+SELECT 1 / (SELECT count(*)::int FROM head)`
 
 // The projections, each newest seq wins.
 const (
@@ -571,34 +518,25 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 }
 
 // commitBatch builds the round trip that ends the transaction: the
-// queued records, their outputs and blobs and the head's compare-and-set
-// in one statement (appendSQL), the projections due, COMMIT
-// (synchronous_commit off when lazy).
+// queued records, their outputs and the head's compare-and-set, the
+// projection, [SET LOCAL synchronous_commit = off when lazy], COMMIT.
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	db := b.s.db
 	var pb pgx.Batch
 	if !b.took {
 		b.inline, b.took = b.s.blobs.take(), true
 	}
+	b.s.blobs.queueInline(&pb, b.inline)
 	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
 		headHash, _ := hex.DecodeString(b.head.Hash)
-		if len(o.seq) == 0 && len(b.inline) == 0 {
-			pb.Queue(db.sql(appendRecordsSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-				b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash, b.fenceKey(), lazy)
-		} else {
-			sums, datas, sizes := inlineColumns(b.inline)
-			pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash,
-				b.fenceKey(), sums, datas, sizes, lazy)
-		}
-	} else {
-		b.s.blobs.queueInline(&pb, b.inline)
-		if lazy {
-			pb.Queue("SET LOCAL synchronous_commit = off")
-		}
+		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
+			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
 	}
 	b.s.queuePublish(&pb, b.runID, false)
+	if lazy {
+		pb.Queue("SET LOCAL synchronous_commit = off")
+	}
 	pb.Queue("COMMIT")
 	return &pb
 }
@@ -610,22 +548,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
-	pb := b.commitBatch(lazy)
-	if b.opt && n == 0 && pb.Len() <= 2 {
-		return nil // an optimistic batch with nothing to write (SET LOCAL, COMMIT): no transaction
-	}
-	if b.opt {
-		if b.conn == nil {
-			conn, err := b.s.db.pool.Acquire(ctx)
-			if err != nil {
-				b.s.blobs.putBack(b.inline)
-				return fmt.Errorf("%w: %w", runstate.ErrConflict, b.s.db.connectError(err)) // nothing was sent: Lock decides
-			}
-			b.conn = conn
-		}
-		pb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, pb.QueuedQueries...)
-	}
-	err := b.conn.SendBatch(ctx, pb).Close()
+	err := b.conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
 	switch {
 	case err == nil:
 		b.committed()
@@ -646,8 +569,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 
 // committed moves the batch's head past what it committed.
 func (b *batch) committed() {
-	if n := len(b.rows.seq); n > 0 {
-		b.s.opt.committed(b.to, b.rows.at[n-1], b.opt)
+	if len(b.rows.seq) > 0 {
 		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
 	}
 }
@@ -660,23 +582,7 @@ func (b *batch) appendError(err error) error {
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "22012":
-			if b.opt {
-				b.s.opt.conflict()
-				return fmt.Errorf("%w: run %s: another session appended after record %d", runstate.ErrConflict, b.s.name, b.head.Seq)
-			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
-		case "55P03": // lock_not_available: appendSQL's NOWAIT, another session's batch holds the head
-			if b.opt {
-				b.s.opt.conflict()
-				return fmt.Errorf("%w: run %s: another session's batch holds the head row", runstate.ErrConflict, b.s.name)
-			}
-			return fmt.Errorf("pgstore: run %s: the head row was locked by another session under this batch's lock (a bug); nothing was recorded", b.s.name)
-		case "2201F": // appendSQL's self-fence (an optimistic batch's): the session's own lock was takeable
-			b.s.opt.conflict()
-			if err := b.ses.fenced(); !errors.Is(err, errRehold) {
-				return err
-			}
-			return fmt.Errorf("%w: run %s: the session's lock is being taken again", runstate.ErrConflict, b.s.name)
 		case "23503":
 			if pe.ConstraintName == "outputs_sha256_fkey" {
 				return fmt.Errorf("pgstore: run %s: a record names an output whose bytes are not in %s.blobs (%s): store them first (Blobs.Put); nothing was recorded",

@@ -62,24 +62,17 @@ func (b *blobStore) putBack(p []inlineBlob) {
 	b.pending = append(p, b.pending...)
 }
 
-// inlineColumns turns small blobs into appendSQL's columns.
-func inlineColumns(blobs []inlineBlob) (sums, datas [][]byte, sizes []int64) {
-	sums = make([][]byte, len(blobs))
-	datas = make([][]byte, len(blobs))
-	sizes = make([]int64, len(blobs))
-	for i, x := range blobs {
-		sums[i], datas[i], sizes[i] = x.sum, x.data, int64(len(x.data))
-	}
-	return sums, datas, sizes
-}
-
-// queueInline queues the inserts of small blobs into a batch's round trip
-// that appends no record (appendSQL carries them otherwise).
+// queueInline queues the inserts of small blobs into a batch's round trip.
 func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
 	if len(blobs) == 0 {
 		return
 	}
-	sums, datas, sizes := inlineColumns(blobs)
+	sums := make([][]byte, len(blobs))
+	datas := make([][]byte, len(blobs))
+	sizes := make([]int64, len(blobs))
+	for i, x := range blobs {
+		sums[i], datas[i], sizes[i] = x.sum, x.data, int64(len(x.data))
+	}
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d) ON CONFLICT DO NOTHING`), sums, datas)
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), sums, sizes)
 }

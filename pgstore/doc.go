@@ -19,14 +19,8 @@
 // end) is locked FOR NO KEY UPDATE by every append batch, which serializes
 // the run's writers on every machine; each batch is one transaction: one
 // pipelined round trip to lock the head, probe the session's own lock and
-// read what others appended, one to move the head (compare-and-set) and
-// insert the records, their outputs and small blobs in one statement, and
-// COMMIT. When the session's position is still the head as it last saw it
-// (no other session appended lately), a batch is one round trip: BEGIN,
-// that statement, with the session's own lock probed under the row lock it
-// takes, and COMMIT; a head that moved meanwhile makes the statement fail
-// with nothing written, and the Run decides the batch again after a Lock
-// (runstate.Optimist). A batch that acknowledges something (a
+// read what others appended, one to insert the records, move the head
+// (compare-and-set) and COMMIT. A batch that acknowledges something (a
 // complete, fail, effect) commits with synchronous_commit on: when the
 // call returns, its records are in the server's WAL on disk. A batch of
 // begins alone commits with synchronous_commit off: visible at once, and
