@@ -1,7 +1,6 @@
 package runstate
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,16 +18,16 @@ import (
 // before Open created it.
 //
 // A working directory whose run another store keeps (pgstore writes
-// logs/run.json there, naming the run's address) is refused too, with
+// WorkDirFile there, naming the run's address) is refused too, with
 // ErrMismatch: a run in files there would be a second run, apart from the
 // one the directory's outputs belong to.
 func (s *dirStore) refuseReplace(existed bool) error {
-	if addr, ok := runElsewhere(s.path(runElsewhereFile)); ok {
+	if addr, ok := RunElsewhere(s.abs); ok {
 		if !existed {
 			_ = s.fs.Remove(s.path(ledgerFile))
 		}
 		return fmt.Errorf("%w: %s is the working directory of the run at %s (%s says so), not a run directory: Open would start a second run here, in files; open that run with its own store (pgstore's DB.Open), or read it with: runstate status %s",
-			ErrMismatch, s.abs, addr, s.path(runElsewhereFile), addr)
+			ErrMismatch, s.abs, addr, s.path(WorkDirFile), addr)
 	}
 	found := leftovers(s.fs, s.abs, existed)
 	if len(found) == 0 {
@@ -86,24 +85,4 @@ func lostWhat(f file, existed bool) string {
 		}
 	}
 	return "is empty"
-}
-
-// runElsewhereFile is where a store that keeps a run elsewhere (pgstore)
-// names it in the run's working directory: {"store", "address", ...}.
-const runElsewhereFile = "logs/run.json"
-
-// runElsewhere returns the address that the file at path (a
-// runElsewhereFile) names, if it is there and names one.
-func runElsewhere(path string) (string, bool) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", false
-	}
-	var rj struct {
-		Address string `json:"address"`
-	}
-	if json.Unmarshal(data, &rj) != nil || rj.Address == "" {
-		return "", false
-	}
-	return rj.Address, true
 }

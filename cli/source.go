@@ -130,37 +130,26 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 		if s, _ := scheme(to); s == "postgres" || s == "postgresql" {
 			hint = "install the runstate command that reads PostgreSQL runs (" + pgCommand + ") and run it on that address"
 		}
-		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, redact(to), runFile, hint)
+		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, redact(to), runstate.WorkDirFile, hint)
 	}
 	return &dirSource{dir: addr}, nil
 }
 
-// runFile is where a store that keeps a run elsewhere (pgstore) says so in
-// a working directory: {"store", "address", ...}, the address without a
-// password.
-const runFile = "logs/run.json"
-
-// workDirOf returns the run address that dir's logs/run.json names, when
-// dir is such a working directory and not a run directory (it has no
-// logs/ledger.jsonl).
+// workDirOf returns the run address that dir's runstate.WorkDirFile
+// names, when dir is such a working directory and not a run directory
+// (it has no logs/ledger.jsonl) and another Source serves the address.
 func workDirOf(dir string) (string, bool) {
 	if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil {
 		return "", false
 	}
-	data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(runFile)))
-	if err != nil {
+	addr, ok := runstate.RunElsewhere(dir)
+	if !ok {
 		return "", false
 	}
-	var rj struct {
-		Address string `json:"address"`
-	}
-	if json.Unmarshal(data, &rj) != nil || rj.Address == "" {
+	if _, ok := scheme(addr); !ok {
 		return "", false
 	}
-	if _, ok := scheme(rj.Address); !ok {
-		return "", false
-	}
-	return rj.Address, true
+	return addr, true
 }
 
 // onSource opens addr, calls fn with it and a context that SIGINT

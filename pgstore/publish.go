@@ -85,7 +85,7 @@ func (s *store) LookAt() []string {
 const (
 	viewHandoff  = "logs/next-steps.txt"
 	viewManifest = "manifest.json"
-	viewRun      = "logs/run.json"
+	viewRun      = runstate.WorkDirFile
 	viewTmp      = "logs/tmp" // the temp files, view-*, renamed over those
 )
 
