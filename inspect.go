@@ -101,8 +101,8 @@ func tornProblem(lp string, line, off, n int64) Problem {
 }
 
 // checkArtifacts checks every artifact of st against its recorded hash in
-// the local directory dir.
-func checkArtifacts(dir string, st *state) ([]Problem, error) {
+// the local directory dir; the fixes name the run at at.
+func checkArtifacts(dir string, st *state, at place) ([]Problem, error) {
 	out, err := openOutputs(dir, "", 0)
 	if err != nil {
 		return nil, err
@@ -113,7 +113,7 @@ func checkArtifacts(dir string, st *state) ([]Problem, error) {
 		if why := out.check([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
 			probs = append(probs, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
 				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
-				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})
+				Fix:  fmt.Sprintf("the next run of %s redoes it; or %s", a.Stage, at.invalidate(a.Stage))})
 		}
 	}
 	return probs, nil

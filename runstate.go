@@ -240,7 +240,7 @@ func (r *Run) Status() (*Status, error) {
 	}
 	r.stMu.RLock()
 	defer r.stMu.RUnlock()
-	return r.st.status(r.dir), nil
+	return r.st.status(r.dir, r.where), nil
 }
 
 // NextSteps returns the handoff text, as logs/next-steps.txt holds it

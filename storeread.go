@@ -53,7 +53,7 @@ func inspect(ctx context.Context, s Store, dir string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	status := st.status(dir)
+	status := st.status(dir, placeOf(s, dir))
 	status.Torn = torn
 	return status, nil
 }
@@ -136,7 +136,7 @@ func VerifyStore(ctx context.Context, s Store, dir string) (*Report, error) {
 		}
 	}
 	if dir != "" {
-		probs, err := checkArtifacts(dir, st)
+		probs, err := checkArtifacts(dir, st, placeOf(s, dir))
 		if err != nil {
 			return nil, err
 		}
