@@ -1,11 +1,13 @@
 package runstate_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/runstate/runstate"
@@ -95,4 +97,33 @@ func TestAdviceNamesTheRunDirectory(t *testing.T) {
 	for _, text := range []string{awaiting.Error(), fatal.Error(), effect.Error(), page, fix} {
 		assert.NotContains(t, text, " DIR ")
 	}
+}
+
+// TestRepairAdviceNamesTheRunDirectory: Verify's fix for a torn last line
+// and Repair's advice for mid-file damage name the run directory by its
+// absolute path, quoted for a shell, not the placeholder DIR.
+func TestRepairAdviceNamesTheRunDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "my run")
+	r, err := runstate.Open(dir, &runstate.Options{Request: "advice"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(context.Background(), "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	at := "'" + dir + "'"
+	lp := filepath.Join(dir, "logs", "ledger.jsonl")
+	good, err := os.ReadFile(lp)
+	require.NoError(t, err)
+
+	require.NoError(t, os.WriteFile(lp, append(bytes.Clone(good), `{"seq":99,"ev":"beg`...), 0o644))
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Problems)
+	assert.Equal(t, "runstate repair "+at+" moves it aside (the next writer would too)", rep.Problems[0].Fix)
+
+	lines := bytes.SplitAfter(good, []byte("\n"))
+	lines[2] = bytes.Replace(lines[2], []byte(`"ev":"`), []byte(`"ev":"X`), 1)
+	require.NoError(t, os.WriteFile(lp, bytes.Join(lines, nil), 0o644))
+	_, err = runstate.Repair(dir, nil)
+	require.ErrorIs(t, err, runstate.ErrCorrupt)
+	assert.Regexp(t, `with: runstate repair -truncate-at \d+ `+regexp.QuoteMeta(at)+` \(a copy`, err.Error())
+	assert.NotContains(t, err.Error(), " DIR")
 }

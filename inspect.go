@@ -93,11 +93,12 @@ func Verify(dir string) (*Report, error) {
 	return VerifyStore(context.Background(), newDirStore(dir, Options{}), dir)
 }
 
-// tornProblem is Verify's problem for a torn last line of n bytes at off.
-func tornProblem(lp string, line, off, n int64) Problem {
+// tornProblem is Verify's problem for a torn last line of n bytes at off;
+// fix says what removes it.
+func tornProblem(lp string, line, off, n int64, fix string) Problem {
 	return Problem{File: lp, Line: int(line), Offset: off,
 		What: fmt.Sprintf("torn last line (%d bytes without a newline): a writer died mid-append; it was never acknowledged", n),
-		Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"}
+		Fix:  fix}
 }
 
 // checkArtifacts checks every artifact of st against its recorded hash in

@@ -164,7 +164,8 @@ func verifyRecords(ctx context.Context, s Store, rep *Report, st *state, each fu
 		return false, err
 	}
 	if torn > 0 {
-		rep.Problems = append(rep.Problems, tornProblem(s.String(), st.pos.seq+1, st.pos.offset, torn))
+		rep.Problems = append(rep.Problems, tornProblem(s.String(), st.pos.seq+1, st.pos.offset, torn,
+			"the next writer cuts it (and keeps it aside where the store can)"))
 	}
 	if v, ok := s.(Verifier); ok {
 		probs, err := v.VerifyStore(ctx)
