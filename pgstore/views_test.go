@@ -241,3 +241,30 @@ func TestOpenStoreWorkDirHasTheViews(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, viaOpen, readView(t, dir, "logs/next-steps.txt"))
 }
+
+// TestOpenStoreRefusesAnotherRequestNamingTheRun: a run name that exists
+// with another Request is refused with runstate.ErrMismatch, and the same
+// error, through DB.Open and through runstate.OpenStore(db.Store(name),
+// dir, opts): it names the run in the database and says to use another
+// run, not the working directory ("use another directory"), which is not
+// where the run is.
+func TestOpenStoreRefusesAnotherRequestNamingTheRun(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "first"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	dir := t.TempDir()
+	_, viaOpen := db.Open(ctx, "r", dir, &runstate.Options{Request: "second"})
+	_, viaStore := runstate.OpenStore(db.Store("r"), dir, &runstate.Options{Request: "second"})
+	for what, err := range map[string]error{"DB.Open": viaOpen, "OpenStore": viaStore} {
+		require.ErrorIs(t, err, runstate.ErrMismatch, what)
+		assert.Contains(t, err.Error(), `run "r" in schema `+db.schema, what)
+		assert.Contains(t, err.Error(), `serves request "first", not "second": use another run for other work`, what)
+		assert.NotContains(t, err.Error(), dir, what)
+	}
+	assert.Equal(t, viaOpen.Error(), viaStore.Error(), "both ways say the same")
+	st, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	assert.Equal(t, "first", st.Request)
+}
