@@ -180,7 +180,7 @@ func (r *Run) checkEffect(ctx context.Context, key, full string, e Effect, seen 
 		switch {
 		case cerr != nil:
 			msg := fmt.Sprintf("outcome unknown: %v", cerr)
-			outErr = fmt.Errorf("%w: effect %s: outcome unknown: %w; resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, cerr, key)
+			outErr = fmt.Errorf("%w: effect %s: outcome unknown: %w; resolve it with: %s", ErrUnconfirmed, key, cerr, r.where.resolve(key, "-sent RECEIPT|-not-sent -by NAME"))
 			if cur.State == EffectUnconfirmed && cur.Error == msg {
 				return nil, nil
 			}
@@ -243,10 +243,10 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		return nil, errors.Join(derr, bad, err)
 	}
 	if bad != nil {
-		return nil, fmt.Errorf("%w: effect %s happened, but %w; return the receipt as JSON (a plain-text body as a JSON string), then resolve it with 'runstate resolve DIR %s -sent RECEIPT -by NAME'", ErrUnconfirmed, key, bad, key)
+		return nil, fmt.Errorf("%w: effect %s happened, but %w; return the receipt as JSON (a plain-text body as a JSON string), then resolve it with: %s", ErrUnconfirmed, key, bad, r.where.resolve(key, "-sent RECEIPT -by NAME"))
 	}
 	if derr != nil {
-		return nil, fmt.Errorf("%w: effect %s: %w; call Effect again to ask its Check, or resolve it with 'runstate resolve DIR %s -sent RECEIPT|-not-sent -by NAME'", ErrUnconfirmed, key, derr, key)
+		return nil, fmt.Errorf("%w: effect %s: %w; call Effect again to ask its Check, or resolve it with: %s", ErrUnconfirmed, key, derr, r.where.resolve(key, "-sent RECEIPT|-not-sent -by NAME"))
 	}
 	return orNull(receipt), nil
 }

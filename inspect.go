@@ -93,16 +93,17 @@ func Verify(dir string) (*Report, error) {
 	return VerifyStore(context.Background(), newDirStore(dir, Options{}), dir)
 }
 
-// tornProblem is Verify's problem for a torn last line of n bytes at off.
-func tornProblem(lp string, line, off, n int64) Problem {
+// tornProblem is Verify's problem for a torn last line of n bytes at off;
+// fix says what removes it.
+func tornProblem(lp string, line, off, n int64, fix string) Problem {
 	return Problem{File: lp, Line: int(line), Offset: off,
 		What: fmt.Sprintf("torn last line (%d bytes without a newline): a writer died mid-append; it was never acknowledged", n),
-		Fix:  "'runstate repair DIR' moves it aside (the next writer would too)"}
+		Fix:  fix}
 }
 
 // checkArtifacts checks every artifact of st against its recorded hash in
-// the local directory dir.
-func checkArtifacts(dir string, st *state) ([]Problem, error) {
+// the local directory dir; the fixes name the run at at.
+func checkArtifacts(dir string, st *state, at place) ([]Problem, error) {
 	out, err := openOutputs(dir, "", 0)
 	if err != nil {
 		return nil, err
@@ -113,7 +114,7 @@ func checkArtifacts(dir string, st *state) ([]Problem, error) {
 		if why := out.check([]Output{{Path: a.Path, SHA256: a.SHA256, Size: a.Size}}); why != "" {
 			probs = append(probs, Problem{File: filepath.Join(dir, filepath.FromSlash(a.Path)),
 				What: fmt.Sprintf("%s (recorded by stage %s at seq %d)", why, a.Stage, a.Seq),
-				Fix:  fmt.Sprintf("the next run of %s redoes it; or 'runstate invalidate DIR %s -reason TEXT'", a.Stage, a.Stage)})
+				Fix:  fmt.Sprintf("the next run of %s redoes it; or %s", a.Stage, at.invalidate(a.Stage))})
 		}
 	}
 	return probs, nil

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,15 +16,47 @@ import (
 // nextStepsFile is the handoff, relative to the run directory.
 const nextStepsFile = "logs/next-steps.txt"
 
-// place is where the handoff says the run is: cmd, the run as its
-// commands name it (dirArg: a run directory, or a store's address); look,
+// place is where the handoff says the run is: addr, the run as its
+// commands take it (runAddress: a run directory, or a store's address;
+// "" for a store no command reads), and cmd, as they name it (dirArg); look,
 // the "look at:" lines of a store that names its own places (Addresser),
 // escaped; nil for a run directory, whose files the page names; cmds: the
 // page ends with "runstate status CMD; runstate log CMD".
 type place struct {
+	addr string
 	cmd  string
 	look []string
 	cmds bool
+}
+
+// command is how a person does verb to target (a stage or an effect key)
+// of the run at p, for a blocker's Action and an error's advice: "runstate
+// VERB ADDR TARGET ARGS" on the run's address (p.cmd: the directory or the
+// store's Address, quoted for a shell, as target is), or, for a store that
+// no runstate command reads (Addresser with Address ""), the call of the
+// Run's method (call: its arguments after ctx, with %s for the target,
+// quoted as a Go string) in the program that holds the run.
+func (p place) command(verb, target, args, call string) string {
+	if !p.cmds {
+		return "call Run." + strings.Replace(call, "%s", strconv.Quote(target), 1) + " in the program that holds the run (no runstate command reads its store)"
+	}
+	return "runstate " + verb + " " + p.cmd + " " + escape.Arg(target) + " " + args
+}
+
+// approve, invalidate and resolve are the commands that clear an awaiting
+// stage, a fatal one and an effect whose outcome is unknown (command);
+// args are resolve's flags.
+func (p place) approve(stage string) string {
+	return p.command("approve", stage, "-by NAME -note TEXT", "Approve(ctx, %s, NAME, TEXT)")
+}
+
+func (p place) invalidate(stage string) string {
+	return p.command("invalidate", stage, "-reason TEXT", "Invalidate(ctx, %s, TEXT)")
+}
+
+func (p place) resolve(key, args string) string {
+	return p.command("resolve", key, args,
+		"Resolve(ctx, %s, runstate.Resolution{Sent: true, Receipt: RECEIPT, By: NAME}) (or Sent: false)")
 }
 
 // placeOf is where the handoff of the run in s says it is: a run
@@ -31,11 +64,11 @@ type place struct {
 func placeOf(s Store, dir string) place {
 	a, ok := s.(Addresser)
 	if !ok {
-		return place{cmd: dirArg(dir), cmds: true}
+		return place{addr: runAddress(dir), cmd: dirArg(dir), cmds: true}
 	}
 	p := place{cmd: dirArg(dir), look: []string{}}
 	if addr := a.Address(); addr != "" {
-		p.cmd, p.cmds = dirArg(addr), true
+		p.addr, p.cmd, p.cmds = runAddress(addr), dirArg(addr), true
 	}
 	for _, line := range a.LookAt() {
 		p.look = append(p.look, oneLine(line))
@@ -125,7 +158,7 @@ func (s *state) nextStepsIn(at place) string {
 	b.WriteString("\n")
 	var blockers []Blocker
 	if s.blocking > 0 {
-		blockers = s.blockers()
+		blockers = s.blockers(at)
 	}
 	if len(blockers) == 0 {
 		b.WriteString("blockers: none\n")
@@ -133,21 +166,18 @@ func (s *state) nextStepsIn(at place) string {
 		fmt.Fprintf(&b, "blockers: %d\n", len(blockers))
 		for i, bl := range blockers {
 			if i == 10 {
-				fmt.Fprintf(&b, "  ... and %d more: runstate status %s\n", len(blockers)-i, dir)
+				more := "runstate status " + dir
+				if !at.cmds {
+					more = "Run.Status"
+				}
+				fmt.Fprintf(&b, "  ... and %d more: %s\n", len(blockers)-i, more)
 				break
 			}
 			what := escape.Text(bl.Stage)
 			if what == "" {
 				what = "effect " + escape.Text(bl.Key)
 			}
-			fmt.Fprintf(&b, "  - %s %s: %s\n    do: ", what, bl.Kind, oneLine(bl.Reason))
-			before, after, found := strings.Cut(bl.Action, " DIR ")
-			b.WriteString(before)
-			if found {
-				b.WriteString(" " + dir + " ")
-				b.WriteString(after)
-			}
-			b.WriteString("\n")
+			fmt.Fprintf(&b, "  - %s %s: %s\n    do: %s\n", what, bl.Kind, oneLine(bl.Reason), bl.Action)
 		}
 	}
 	b.WriteString("\n")
@@ -174,14 +204,18 @@ func (s *state) nextStepsIn(at place) string {
 // dirArg is the run directory as the handoff's commands name it: the
 // absolute path, quoted for a shell where it needs it (escape.Arg). A
 // store's address (postgres://...) is named as it is.
-func dirArg(dir string) string {
+func dirArg(dir string) string { return escape.Arg(runAddress(dir)) }
+
+// runAddress is the run at dir as a command takes it: a directory by its
+// absolute path, a store's address (postgres://...) as it is.
+func runAddress(dir string) string {
 	if strings.Contains(dir, "://") {
-		return escape.Arg(dir)
+		return dir
 	}
 	if abs, err := filepath.Abs(dir); err == nil {
-		dir = abs
+		return abs
 	}
-	return escape.Arg(dir)
+	return dir
 }
 
 // planSummary returns what the handoff shows of the plan: the stages

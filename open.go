@@ -51,7 +51,7 @@ func (r *Run) open() error {
 		return err
 	}
 	if st.pos.seq == 0 && r.opts.Request == "" {
-		return fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.dir)
+		return fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.runName())
 	}
 	if err := r.checkRequest(st); err != nil {
 		return err
@@ -149,10 +149,24 @@ func (r *Run) openOutputs() error {
 // checkRequest refuses a run created for another Request.
 func (r *Run) checkRequest(s *state) error {
 	if s.pos.seq > 0 && r.opts.Request != "" && r.opts.Request != s.identity.Request {
-		return fmt.Errorf("%w: %s serves request %q, not %q: use another directory for other work",
-			ErrMismatch, r.dir, s.identity.Request, r.opts.Request)
+		other := "another directory"
+		if _, file := r.store.(*dirStore); !file {
+			other = "another run" // the working directory is not the run
+		}
+		return fmt.Errorf("%w: %s serves request %q, not %q: use %s for other work",
+			ErrMismatch, r.runName(), s.identity.Request, r.opts.Request, other)
 	}
 	return nil
+}
+
+// runName names the run for errors: the run directory, or where a store
+// that is not the file store keeps it (Store.String), since the working
+// directory of such a run is not the run.
+func (r *Run) runName() string {
+	if _, file := r.store.(*dirStore); file {
+		return r.dir
+	}
+	return r.store.String()
 }
 
 // openRecords decides the first batch, on the state as the run's lock
@@ -165,7 +179,7 @@ func (r *Run) openRecords(s *state) ([]*Record, error) {
 	var recs []*Record
 	if s.pos.seq == 0 {
 		if r.opts.Request == "" {
-			return nil, fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.dir)
+			return nil, fmt.Errorf("%w: Options.Request is required to create a run in %s", ErrInvalid, r.runName())
 		}
 		id, err := uuid.NewV7()
 		if err != nil {

@@ -803,7 +803,7 @@ func TestNextStepsCheap(t *testing.T) {
 		r.stMu.RLock()
 		defer r.stMu.RUnlock()
 		s := r.st
-		assert.Equal(t, len(s.blockers()), s.blocking, "%s: blocking", what)
+		assert.Equal(t, len(s.blockers(r.where)), s.blocking, "%s: blocking", what)
 		var latest time.Time
 		for _, st := range s.stages {
 			if st.At.After(latest) {
@@ -811,7 +811,7 @@ func TestNextStepsCheap(t *testing.T) {
 			}
 		}
 		assert.True(t, latest.Equal(s.stageAt), "%s: stageAt %v, want %v", what, s.stageAt, latest)
-		status := s.status("")
+		status := s.status("", r.where)
 		page := s.nextSteps("DIR")
 		assert.Contains(t, page, fmt.Sprintf("progress: %d of %d planned stages done", status.Done, status.Done+status.Remaining), what)
 		if status.Next != "" {

@@ -162,8 +162,10 @@ func Open(dir string, opts *Options) (*Run, error) {
 // directory, where outputs and local projections live (a missing one is
 // created). When it returns, what Open says is in the ledger is in s: the
 // session's open record (and, for a new run, its create record,
-// durably). Safe for concurrent use as Open is; s serves the returned Run
-// alone, which closes it (also when OpenStore fails).
+// durably). A store that keeps a view of the run in dir (WorkDirViewer,
+// as pgstore's DB.Store) has started it, as the store's own Open does.
+// Safe for concurrent use as Open is; s serves the returned
+// Run alone, which closes it (also when OpenStore fails).
 func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 	var o Options
 	if opts != nil {
@@ -190,6 +192,12 @@ func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 		return nil, err
 	}
 	r.watchLease()
+	if v, ok := s.(WorkDirViewer); ok {
+		if err := v.ViewWorkDir(dir, r.ID()); err != nil {
+			_ = r.Close()
+			return nil, err
+		}
+	}
 	r.notes.deliver()
 	return r, nil
 }
@@ -232,7 +240,7 @@ func (r *Run) Status() (*Status, error) {
 	}
 	r.stMu.RLock()
 	defer r.stMu.RUnlock()
-	return r.st.status(r.dir), nil
+	return r.st.status(r.dir, r.where), nil
 }
 
 // NextSteps returns the handoff text, as logs/next-steps.txt holds it

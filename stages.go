@@ -340,9 +340,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 				if reason == "" {
 					reason = st.Error
 				}
-				return nil, fmt.Errorf("%w: %s: %s; approve it with 'runstate approve DIR %s -by NAME'", ErrNeedsPerson, name, reason, name)
+				return nil, fmt.Errorf("%w: %s: %s; approve it with: %s", ErrNeedsPerson, name, reason, r.where.approve(name))
 			case StateFatal:
-				return nil, fmt.Errorf("%w: %s: %s; fix the cause, then 'runstate invalidate DIR %s -reason TEXT'", ErrFatal, name, st.Error, name)
+				return nil, fmt.Errorf("%w: %s: %s; fix the cause, then: %s", ErrFatal, name, st.Error, r.where.invalidate(name))
 			case StateSkipped:
 				attempt, why = st.Attempt, "skipped: "+st.Reason
 				return nil, fmt.Errorf("%w: %s was skipped: %s", ErrDone, name, st.Reason)

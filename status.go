@@ -5,15 +5,18 @@ import (
 	"maps"
 	"slices"
 	"time"
-
-	"github.com/runstate/runstate/internal/escape"
 )
 
 // Status is a read-only picture of a run as of ledger seq Seq: what exists,
 // what is done, what blocks it. Run.Status and Inspect return it; it is a
 // copy, safe to keep and to read from any goroutine.
 type Status struct {
-	Dir         string            `json:"dir"`
+	Dir string `json:"dir"`
+	// Address is the run as the commands in the Blockers' Actions name
+	// it, unquoted: the run directory's absolute path, or the store's
+	// Addresser.Address; "" for a store that no runstate command reads
+	// (its Actions name Run methods instead).
+	Address     string            `json:"address,omitempty"`
 	ID          string            `json:"id"`
 	Request     string            `json:"request"`
 	Revision    string            `json:"revision,omitempty"`
@@ -43,8 +46,12 @@ type Blocker struct {
 	Key    string `json:"key,omitempty"`
 	Reason string `json:"reason"`
 	// Action is what clears it: what the next run does by itself, and
-	// what a person runs where one must. Names and keys in it are quoted
-	// for a shell (escape.Arg); DIR stands for the run directory.
+	// what a person runs where one must, as the handoff says it: a
+	// runstate command on the run's address (the run directory's absolute
+	// path, or the store's Addresser.Address), with it and the names and
+	// keys quoted for a shell (escape.Arg); for a store that no command
+	// reads (an Addresser whose Address is "", as runstatetest's memory
+	// store), the Run method to call instead.
 	Action string `json:"action"`
 }
 
@@ -60,10 +67,11 @@ func (s *Status) Stage(name string) (StageStatus, bool) {
 }
 
 // status builds a Status from the state.
-func (s *state) status(dir string) *Status {
+func (s *state) status(dir string, at place) *Status {
 	names := s.stageNames()
 	out := &Status{
 		Dir:         dir,
+		Address:     at.addr,
 		ID:          s.identity.ID,
 		Request:     s.identity.Request,
 		Revision:    s.revision,
@@ -77,7 +85,7 @@ func (s *state) status(dir string) *Status {
 		Stages:      []StageStatus{},
 		Effects:     []EffectStatus{},
 		Sessions:    []SessionStatus{},
-		Blockers:    s.blockers(),
+		Blockers:    s.blockers(at),
 	}
 	if out.Plan == nil {
 		out.Plan = []string{}
@@ -104,8 +112,9 @@ func (s *state) status(dir string) *Status {
 	return out
 }
 
-// blockers lists what needs a person or a look, stages first.
-func (s *state) blockers() []Blocker {
+// blockers lists what needs a person or a look, stages first; their
+// commands name the run at at.
+func (s *state) blockers(at place) []Blocker {
 	out := []Blocker{}
 	for _, name := range s.stageNames() {
 		st := s.stages[name]
@@ -116,10 +125,10 @@ func (s *state) blockers() []Blocker {
 				reason = st.Error
 			}
 			out = append(out, Blocker{Kind: "awaiting", Stage: name, Reason: reason,
-				Action: fmt.Sprintf("runstate approve DIR %s -by NAME -note TEXT", escape.Arg(name))})
+				Action: at.approve(name)})
 		case StateFatal:
 			out = append(out, Blocker{Kind: "fatal", Stage: name, Reason: st.Error,
-				Action: fmt.Sprintf("fix the cause, then: runstate invalidate DIR %s -reason TEXT", escape.Arg(name))})
+				Action: "fix the cause, then: " + at.invalidate(name)})
 		case StateInterrupted:
 			out = append(out, Blocker{Kind: "interrupted", Stage: name,
 				Reason: fmt.Sprintf("attempt %d's session died before it ended", st.Attempt),
@@ -128,7 +137,7 @@ func (s *state) blockers() []Blocker {
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.effects)) {
 		e := s.effects[k]
-		resolve := fmt.Sprintf("runstate resolve DIR %s -sent RECEIPT -by NAME (or -not-sent)", escape.Arg(k))
+		resolve := at.resolve(k, "-sent RECEIPT -by NAME (or -not-sent)")
 		switch e.State {
 		case EffectInDoubt:
 			// Open cannot know whether the next caller passes a Check:

@@ -241,7 +241,9 @@ type Blobs interface {
 
 // Addresser is a Store that names its own places, for the handoff
 // (logs/next-steps.txt, Run.NextSteps, NextStepsStore): a fresh session
-// reads there where to look at the run. A run directory's handoff names its
+// reads there where to look at the run. Status's blocker Actions and the
+// advice in errors (ErrNeedsPerson, ErrFatal, ErrUnconfirmed) name the run
+// by Address too. A run directory's handoff names its
 // files (logs/ledger.jsonl, manifest.json) and the runstate commands on
 // the directory; a store without those files (a database, memory) says
 // instead where its records are. The Run asks once, at OpenStore. Safe for
@@ -251,8 +253,9 @@ type Addresser interface {
 	// (pgstore: postgres://USER@HOST:PORT/DB?run=NAME), without a
 	// password: the handoff's commands name the run by it and its last
 	// line is "runstate status ADDRESS; runstate log ADDRESS". "" when no
-	// command can read the store (a store in memory): the commands then
-	// name the Run's local directory, and that line is left out.
+	// command can read the store (a store in memory): the advice then
+	// names the Run's methods to call (Run.Approve ...) instead of
+	// commands, and that line is left out.
 	Address() string
 	// LookAt is the handoff's "look at:" paragraph before that line:
 	// where the records are and how to read them, one line each, without

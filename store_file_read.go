@@ -112,17 +112,17 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 			what = fmt.Sprintf("bytes %d-%d are damaged (%v; a power loss hits what was not yet fdatasync'd), but acknowledged records seq %d-%d there are whole in %s",
 				j.at, min(size, j.at+int64(len(j.tail))), j.damage.Err, from, to, walFile)
 		case j.torn >= 0:
-			rep.Problems = append(rep.Problems, tornProblem(lp, from, j.torn, size-j.torn))
+			rep.Problems = append(rep.Problems, tornProblem(lp, from, j.torn, size-j.torn, s.repairCmd()+" moves it aside (the next writer would too)"))
 		}
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(from), Offset: j.at, What: what,
-			Fix: "the next Open, or 'runstate repair DIR', copies them into the ledger"})
+			Fix: "the next Open, or " + s.repairCmd() + ", copies them into the ledger"})
 	}
 	rep.Records, rep.Bytes = st.pos.seq, st.pos.offset
 	var ce *CorruptError
 	switch {
 	case errors.As(err, &ce):
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
-			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce)})
+			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce, s.dir)})
 		return true, nil
 	case errors.As(err, new(journalError)):
 		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
@@ -130,7 +130,7 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 		return false, err
 	}
 	if torn >= 0 {
-		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn))
+		rep.Problems = append(rep.Problems, tornProblem(lp, st.pos.seq+1, torn, size-torn, s.repairCmd()+" moves it aside (the next writer would too)"))
 	}
 	if st.pos.seq == 0 {
 		if found := leftovers(s.fs, s.dir, true); len(found) > 0 {
@@ -152,19 +152,19 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 	mp := filepath.Join(s.dir, manifestFile)
 	if data, err := os.ReadFile(mp); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
 	} else if _, pos, err := decodeManifest(data); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
 	} else if pos.End != st.pos.offset || pos.Hash != st.pos.hash {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("behind the ledger (reflects the record ending at byte %d, the ledger ends at %d)", pos.End, st.pos.offset),
-			Fix: "normal while a session runs; otherwise the next Open or 'runstate repair DIR' rebuilds it"})
+			Fix: "normal while a session runs; otherwise the next Open or " + s.repairCmd() + " rebuilds it"})
 	}
 	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
 	if seq, err := nextStepsSeq(np); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
 	} else if seq < settled || seq > st.pos.seq {
 		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("reflects seq %d, the ledger is at seq %d", seq, st.pos.seq),
-			Fix: "the next Open or 'runstate repair DIR' rebuilds it"})
+			Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
 	}
 }
 
@@ -191,3 +191,7 @@ func nextStepsSeq(p string) (int64, error) {
 	}
 	return seq, nil
 }
+
+// repairCmd is the command that repairs the run directory, for advice:
+// 'runstate repair' on its absolute path, quoted for a shell (dirArg).
+func (s *dirStore) repairCmd() string { return "runstate repair " + dirArg(s.dir) }

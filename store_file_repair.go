@@ -202,7 +202,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	switch {
 	case o.TruncateAt == 0 && ce != nil:
 		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage (a whole line, ended by its newline, or a broken chain), not a torn tail, and repair does not cut it by itself; %s",
-			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce))
+			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce, dir))
 
 	case o.TruncateAt == 0 && tornAt >= 0:
 		aside, err := saveTorn(fsys, dir, "repair", f, tornAt, size, true)
@@ -296,7 +296,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 // cut where the damage begins. A prev hash that does not match means the
 // line before no longer hashes to what this line recorded: that line is
 // the one most likely edited, so the cut drops it too.
-func cutAdvice(ce *CorruptError) string {
+func cutAdvice(ce *CorruptError, dir string) string {
 	at := ce.Line
 	if errors.Is(ce.Err, errBrokenChain) {
 		at--
@@ -308,7 +308,7 @@ func cutAdvice(ce *CorruptError) string {
 	if at < ce.Line {
 		what = fmt.Sprintf("from line %d on (line %d may be the edited one)", at, at)
 	}
-	return fmt.Sprintf("restore the ledger from a backup, or cut it %s with 'runstate repair -truncate-at %d DIR' (a copy of the whole ledger is kept)", what, at)
+	return fmt.Sprintf("restore the ledger from a backup, or cut it %s with: runstate repair -truncate-at %d %s (a copy of the whole ledger is kept)", what, at, dirArg(dir))
 }
 
 // cutLedger truncates the ledger to size bytes and makes that durable.

@@ -130,7 +130,7 @@ func TestRepairRefusesMidFileDamage(t *testing.T) {
 	_, err = runstate.Repair(dir, nil)
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "line 6 (byte ")
-	assert.Contains(t, err.Error(), "-truncate-at 5 DIR", "the advice drops the edited line 5 too")
+	assert.Contains(t, err.Error(), "-truncate-at 5 "+dir+" (a copy", "the advice drops the edited line 5 too")
 	assert.Equal(t, bad, readLedger(t, dir), "nothing written")
 	after, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	require.NoError(t, err)
@@ -254,10 +254,10 @@ func TestRepairAdviceForDeletedLine(t *testing.T) {
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "line 5 (byte ")
 	assert.Contains(t, err.Error(), "seq gap")
-	assert.Contains(t, err.Error(), "cut it from there on with 'runstate repair -truncate-at 5 DIR'")
+	assert.Contains(t, err.Error(), "cut it from there on with: runstate repair -truncate-at 5 "+dir+" (a copy")
 
 	rep, err := runstate.Verify(dir)
 	require.NoError(t, err)
 	require.Len(t, rep.Problems, 1)
-	assert.Contains(t, rep.Problems[0].Fix, "-truncate-at 5 DIR")
+	assert.Contains(t, rep.Problems[0].Fix, "-truncate-at 5 "+dir+" (a copy")
 }

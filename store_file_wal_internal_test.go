@@ -199,7 +199,7 @@ func TestJournalReadersAndRepair(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, rep.OK())
 	assert.Contains(t, rep.Problems[0].String(), "only logs/ledger.wal holds")
-	assert.Contains(t, rep.Problems[0].String(), "runstate repair DIR")
+	assert.Contains(t, rep.Problems[0].String(), "the next Open, or runstate repair "+dirArg(dir)+", copies them into the ledger")
 
 	rr, err := Repair(dir, nil)
 	require.NoError(t, err)

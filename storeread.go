@@ -53,7 +53,7 @@ func inspect(ctx context.Context, s Store, dir string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	status := st.status(dir)
+	status := st.status(dir, placeOf(s, dir))
 	status.Torn = torn
 	return status, nil
 }
@@ -136,7 +136,7 @@ func VerifyStore(ctx context.Context, s Store, dir string) (*Report, error) {
 		}
 	}
 	if dir != "" {
-		probs, err := checkArtifacts(dir, st)
+		probs, err := checkArtifacts(dir, st, placeOf(s, dir))
 		if err != nil {
 			return nil, err
 		}
@@ -164,7 +164,8 @@ func verifyRecords(ctx context.Context, s Store, rep *Report, st *state, each fu
 		return false, err
 	}
 	if torn > 0 {
-		rep.Problems = append(rep.Problems, tornProblem(s.String(), st.pos.seq+1, st.pos.offset, torn))
+		rep.Problems = append(rep.Problems, tornProblem(s.String(), st.pos.seq+1, st.pos.offset, torn,
+			"the next writer cuts it (and keeps it aside where the store can)"))
 	}
 	if v, ok := s.(Verifier); ok {
 		probs, err := v.VerifyStore(ctx)

@@ -29,3 +29,19 @@ func RunElsewhere(dir string) (address string, ok bool) {
 	}
 	return rj.Address, true
 }
+
+// WorkDirViewer is a Store that keeps, besides the run's records elsewhere,
+// a view of the run in each session's local working directory, as a run
+// directory has its projections (pgstore: logs/next-steps.txt and
+// manifest.json, what the session's batches publish, and WorkDirFile).
+// OpenStore calls ViewWorkDir once, when the session's open record is
+// committed and before OpenStore returns, with its local directory (which
+// exists then) and the run's id (Run.ID); from then on the store writes
+// the projections that Batch.Publish gives it there too, beginning with
+// the newest it was given before the call. A view is never read back, so
+// what ViewWorkDir writes needs no fsync. An error fails OpenStore, which
+// closes the Run (cleanly) first. It may run while a timer's batch
+// publishes: the store makes the two safe together.
+type WorkDirViewer interface {
+	ViewWorkDir(dir, runID string) error
+}

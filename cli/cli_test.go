@@ -667,7 +667,7 @@ func TestVerify(t *testing.T) {
 	res = readCLI(t, dir, "verify", dir)
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.out, fmt.Sprintf("problem: %s line %d (byte %d): prev hash does not match line %d", ledgerPath(dir), n+1, off, n))
-	assert.Contains(t, res.out, fmt.Sprintf("cut it from line %d on (line %d may be the edited one) with 'runstate repair -truncate-at %d DIR'", n, n, n))
+	assert.Contains(t, res.out, fmt.Sprintf("cut it from line %d on (line %d may be the edited one) with: runstate repair -truncate-at %d %s (a copy", n, n, n, quoteArg(dir)))
 }
 
 func fileSize(t *testing.T, p string) int64 {
@@ -720,7 +720,7 @@ func TestRepairMidFile(t *testing.T) {
 	res := runCLI(t, "repair", dir)
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.err, fmt.Sprintf("line %d (byte %d)", n+1, off))
-	assert.Contains(t, res.err, fmt.Sprintf("-truncate-at %d DIR", n), "the advice drops the edited line too")
+	assert.Contains(t, res.err, fmt.Sprintf("-truncate-at %d %s (a copy", n, quoteArg(dir)), "the advice drops the edited line too")
 	assert.Contains(t, res.err, "nothing was changed")
 	res = runCLI(t, "repair", dir, "-truncate-at", fmt.Sprint(n+2))
 	assert.Equal(t, 1, res.code, "a cut after the damage keeps it")

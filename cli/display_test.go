@@ -210,3 +210,40 @@ func TestStatusSaysTheNextRunChecksAnInDoubtEffect(t *testing.T) {
 	require.Zero(t, res.code, res.err)
 	assert.False(t, statusJSONOf(t, dir).Blocked)
 }
+
+// TestStatusJSONActionsNameTheRunDirectory: status -json's blocker
+// Actions, the library's and the command's own (an intent whose session
+// is gone), name the run directory by its absolute path, quoted for a
+// shell, not the placeholder DIR; the text output names it as typed,
+// also when typed as a relative path.
+func TestStatusJSONActionsNameTheRunDirectory(t *testing.T) {
+	dir, r := newRun(t)
+	require.Error(t, r.Do(context.Background(), "execute", func(ctx context.Context, st *runstate.Stage) error {
+		return runstate.NeedsPerson(errors.New("the diff touches the public API"), "review the API change")
+	}))
+	_, err := r.Effect(context.Background(), "ticket:1", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		require.NoError(t, r.Close()) // the session ends before the confirmation
+		return json.RawMessage(`"sent"`), nil
+	}})
+	require.Error(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "logs", "sessions", r.Session()+".lock"), nil, 0o600))
+
+	s := statusJSONOf(t, dir)
+	assert.Equal(t, dir, s.Address)
+	actions := map[string]string{}
+	for _, b := range s.Blockers {
+		actions[b.Kind] = b.Action
+		assert.NotContains(t, b.Action, " DIR ", b.Kind)
+	}
+	assert.Equal(t, "runstate approve "+quoteArg(dir)+" execute -by NAME -note TEXT", actions["awaiting"])
+	assert.Contains(t, actions["in-doubt"], "then: runstate resolve "+quoteArg(dir)+" ticket:1 -sent RECEIPT -by NAME (or -not-sent)")
+
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	rel, err := filepath.Rel(wd, dir)
+	require.NoError(t, err)
+	res := readCLI(t, dir, "status", rel)
+	assert.Equal(t, exitBlocked, res.code, res.err)
+	assert.Contains(t, res.out, "do: runstate approve "+quoteArg(rel)+" execute -by NAME -note TEXT", "as typed")
+	assert.Contains(t, res.out, "then: runstate resolve "+quoteArg(rel)+" ticket:1 -sent RECEIPT", "as typed")
+}

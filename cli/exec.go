@@ -259,9 +259,14 @@ func (c *cli) closeRun(r *runstate.Run, code int) int {
 	return code
 }
 
-// inDir puts dir in the place of DIR in the advice of the library's error.
+// inDir names the run directory as the user typed it (dir) in the advice
+// of the library's error, which names it by its absolute path (asTyped).
 func inDir(err error, dir string) error {
-	return errors.New(strings.Replace(err.Error(), " DIR ", " "+quoteArg(dir)+" ", 1))
+	abs, aerr := filepath.Abs(dir)
+	if aerr != nil {
+		return err
+	}
+	return errors.New(asTyped(err.Error(), abs, dir))
 }
 
 // beginStatus maps an error of Begin to an exit status.

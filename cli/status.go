@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,7 +92,7 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 			st.Blockers = append(st.Blockers, runstate.Blocker{Kind: "in-doubt", Key: e.Key,
 				Reason: fmt.Sprintf("session %s is gone between the intent and a confirmation; the next session to open the run records it as in doubt", short(e.Session)),
 				Action: "run the pipeline again: its next Effect call for this key asks the receiving system (Check) and settles it; " +
-					"only if it has no Check, or Check fails, must a person check the receiving system, then: runstate resolve DIR " + quoteArg(e.Key) + " -sent RECEIPT -by NAME (or -not-sent)"})
+					"only if it has no Check, or Check fails, must a person check the receiving system, then: runstate resolve " + quoteArg(cmp.Or(st.Address, dir)) + " " + quoteArg(e.Key) + " -sent RECEIPT -by NAME (or -not-sent)"})
 		}
 	}
 	blocked := len(st.Blockers) > 0
@@ -186,7 +187,7 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 		}
 		// Action is the library's text with names quoted (escape.Arg);
 		// Page makes sure of it.
-		fmt.Fprintf(w, "  %s (%s): %s\n    do: %s\n", what, escape.Text(b.Kind), oneLine(b.Reason, 200), escape.Page(strings.Replace(b.Action, " DIR ", " "+quoteArg(dir)+" ", 1)))
+		fmt.Fprintf(w, "  %s (%s): %s\n    do: %s\n", what, escape.Text(b.Kind), oneLine(b.Reason, 200), escape.Page(asTyped(b.Action, st.Address, dir)))
 	}
 	return code
 }
@@ -289,6 +290,17 @@ func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 // quoteArg quotes s for a shell when it needs it (escape.Arg): the
 // result holds no control character.
 func quoteArg(s string) string { return escape.Arg(s) }
+
+// asTyped names the run as the user typed it (name) in the commands of
+// text (a Status Action, the advice of an error), where the library names
+// it addr (Status.Address: a directory's absolute path, a store's
+// address).
+func asTyped(text, addr, name string) string {
+	if addr == "" || addr == name {
+		return text
+	}
+	return strings.ReplaceAll(text, " "+quoteArg(addr)+" ", " "+quoteArg(name)+" ")
+}
 
 // writeJSON writes v as indented JSON, with every rune a terminal could
 // act on written as a \u escape (escape.JSON): the same values.

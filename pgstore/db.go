@@ -44,8 +44,10 @@ type DB struct {
 //
 // Connect fails with an error naming the server and what to check when the
 // database cannot be reached, with runstate.ErrVersion when the schema was
-// made by a newer pgstore, and, for a user who may not create the schema,
-// with the GRANT to run.
+// made by a newer pgstore or holds pgstore's tables without their
+// schema_version rows (emptied or dropped by hand: nothing is migrated
+// then), and, for a user who may not create the schema, with the GRANT to
+// run.
 func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
 
 // ConnectReadOnly is Connect for programs that only read runs (a status

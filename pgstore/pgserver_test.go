@@ -39,6 +39,7 @@ type pgServer struct {
 	port      int
 	listen    string // listen_addresses
 	asUser    []string
+	settings  []string // more -c NAME=VALUE for postgres (startServerWith)
 }
 
 // startServer initdbs and starts a server listening on 127.0.0.1 and on
@@ -46,12 +47,19 @@ type pgServer struct {
 // client of 127.0.0.1 and of the extra networks (CIDRs).
 func startServer(t testing.TB, extraListen, extraNets []string) *pgServer {
 	t.Helper()
+	return startServerWith(t, extraListen, extraNets, nil)
+}
+
+// startServerWith is startServer with the server settings (NAME=VALUE, as
+// postgres -c takes them) for every start.
+func startServerWith(t testing.TB, extraListen, extraNets, settings []string) *pgServer {
+	t.Helper()
 	bin := needEnv(t, "RUNSTATE_PG_BIN", "the directory of PostgreSQL's server binaries, for tests that start their own server")
 	data, err := os.MkdirTemp("", "pgfault-server-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &pgServer{bin: bin, data: data, port: freePort(t), listen: strings.Join(append([]string{"127.0.0.1"}, extraListen...), ",")}
+	s := &pgServer{bin: bin, data: data, port: freePort(t), listen: strings.Join(append([]string{"127.0.0.1"}, extraListen...), ","), settings: settings}
 	if os.Geteuid() == 0 { // initdb and postgres refuse to run as root
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -104,6 +112,9 @@ func (s *pgServer) run(name string, args ...string) error {
 func (s *pgServer) start(t testing.TB) {
 	t.Helper()
 	opts := fmt.Sprintf("-c listen_addresses=%s -p %d -k %s -c max_connections=200", s.listen, s.port, s.data)
+	for _, kv := range s.settings {
+		opts += " -c " + kv
+	}
 	if err := s.run("pg_ctl", "-D", s.data, "-l", filepath.Join(s.data, "server.log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.data, "server.log"))
 		t.Fatalf("start the test server: %v\nserver.log:\n%s", err, log)

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -48,22 +47,11 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return nil, fmt.Errorf("pgstore: cannot create the working directory %s: %w", workDir, err)
 	}
-	v, err := newViews(workDir)
-	if err != nil {
-		return nil, err
-	}
-	s := db.Store(run).(*store)
-	s.pub.views = v
-	r, err := runstate.OpenStore(s, workDir, opts)
-	if err != nil {
-		if errors.Is(err, runstate.ErrMismatch) {
-			return nil, fmt.Errorf("%w (run %q in schema %s: use another run name for other work)", err, run, db.schema)
-		}
-		return nil, err
-	}
-	// Best effort, as the other views: the run is open either way.
-	_ = v.writeRun(runJSON{Store: "postgres", Address: db.Address(run), Schema: db.schema, Run: run, ID: r.ID()})
-	return r, nil
+	// The views in workDir are the store's (ViewWorkDir, publish.go), and
+	// the errors OpenStore's (an ErrMismatch names the run in the
+	// database), as for a Run that runstate.OpenStore(db.Store(run), ...)
+	// opened.
+	return runstate.OpenStore(db.Store(run), workDir, opts)
 }
 
 // Inspect returns the status of the run named run as its records stand,

@@ -29,8 +29,10 @@ type published struct {
 	manifest *projection
 	handoff  *projection
 	wrote    time.Time // the handoff's last write
-	// views, when set (DB.Open), writes them in the working directory too.
-	views *views
+	// views, once set (ViewWorkDir), writes them in the working
+	// directory too; last are the newest given before, for it to begin with.
+	views                  *views
+	lastManifest, lastHand *projection
 }
 
 type projection struct {
@@ -45,7 +47,42 @@ func (p *published) keep(at runstate.Position, manifest, handoff []byte) {
 	p.handoff = newest(p.handoff, at, handoff)
 	if p.views != nil {
 		p.views.keep(at, manifest, handoff)
+		return
 	}
+	p.lastManifest = newest(p.lastManifest, at, manifest)
+	p.lastHand = newest(p.lastHand, at, handoff)
+}
+
+// ViewWorkDir starts the working directory's views (runstate.WorkDirViewer):
+// OpenStore calls it once the session's open record is committed, whether
+// the Run was opened by DB.Open or by runstate.OpenStore(db.Store(name),
+// dir, opts), so that both leave the same working directory. It writes
+// logs/run.json at once (no fsync: a view) and the projections of the
+// open batch within viewsEvery. Safe for concurrent use with Publish.
+func (s *store) ViewWorkDir(dir, runID string) error {
+	v, err := newViews(dir)
+	if err != nil {
+		return err
+	}
+	p := &s.pub
+	p.mu.Lock()
+	if p.views != nil {
+		p.mu.Unlock()
+		v.close(false)
+		return fmt.Errorf("pgstore: run %s: the working directory's views are already started", s.name)
+	}
+	p.views = v
+	if m := p.lastManifest; m != nil {
+		v.keep(m.at, m.data, nil)
+	}
+	if h := p.lastHand; h != nil {
+		v.keep(h.at, nil, h.data)
+	}
+	p.lastManifest, p.lastHand = nil, nil
+	p.mu.Unlock()
+	// Best effort, as the other views: the run is open either way.
+	_ = v.writeRun(runJSON{Store: "postgres", Address: s.db.Address(s.name), Schema: s.db.schema, Run: s.name, ID: runID})
+	return nil
 }
 
 // newest is data at at, unless it is nil or cur is newer.

@@ -116,18 +116,27 @@ type querier interface {
 }
 
 // version reads the schema's version: errNoSchema when the schema or its
-// schema_version table is missing; ErrVersion when a newer pgstore wrote it.
+// schema_version table is missing; ErrVersion when a newer pgstore wrote it,
+// and when the schema holds pgstore's tables without a version (migrating
+// it again would fail on the first CREATE TABLE, or worse).
 func (db *DB) version(ctx context.Context, q querier) (int, error) {
-	var exists bool
-	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", db.ident+".schema_version").Scan(&exists); err != nil {
+	var exists, tables bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+		db.ident+".schema_version", db.ident+".runs").Scan(&exists, &tables); err != nil {
 		return 0, db.rightsError("read the schema "+db.schema, err)
+	}
+	v := 0
+	if exists {
+		if err := q.QueryRow(ctx, db.sql("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).Scan(&v); err != nil {
+			return 0, db.rightsError("read the version of schema "+db.schema, err)
+		}
+	}
+	if v == 0 && tables {
+		return 0, fmt.Errorf("%w: schema %s in %s holds pgstore's tables (%s.runs) but no schema version (%s.schema_version is missing or empty: dropped or emptied by hand, or restored in part), so pgstore cannot tell which of its %d migrations the tables have; restore %s.schema_version from the backup the tables came from (a row per applied migration, version 1 up), or use another schema (schema=NAME in the DSN)",
+			runstate.ErrVersion, db.schema, db.where, db.schema, db.schema, SchemaVersion, db.schema)
 	}
 	if !exists {
 		return 0, errNoSchema
-	}
-	var v int
-	if err := q.QueryRow(ctx, db.sql("SELECT coalesce(max(version), 0) FROM {s}.schema_version")).Scan(&v); err != nil {
-		return 0, db.rightsError("read the version of schema "+db.schema, err)
 	}
 	if v > SchemaVersion {
 		return v, fmt.Errorf("%w: schema %s in %s is at version %d, newer than the %d this pgstore knows: upgrade the program (github.com/runstate/runstate/pgstore), or use another schema (schema=NAME in the DSN)",

@@ -31,6 +31,10 @@ type store struct {
 // runstate.OpenStore and the store-generic readers (and the conformance
 // suite). Nothing is read or written until it is used. It is safe for
 // concurrent use; one store serves one session (OpenStore opens it once).
+// runstate.OpenStore(db.Store(run), workDir, opts) is DB.Open without its
+// checks of the arguments: the same session, and the same views in workDir
+// (a runstate.WorkDirViewer: logs/next-steps.txt, manifest.json,
+// logs/run.json).
 func (db *DB) Store(run string) runstate.Store {
 	s := &store{db: db, name: run}
 	s.blobs = &blobStore{db: db, s: s}

@@ -197,3 +197,74 @@ func TestSharedWorkDirKeepsTheNewestView(t *testing.T) {
 	c.close(true)
 	assert.Equal(t, string(page(11)), readView(t, dir, "logs/next-steps.txt"), "a newer view replaces it")
 }
+
+// TestOpenStoreWorkDirHasTheViews: a Run opened with
+// runstate.OpenStore(db.Store(name), dir, opts) leaves the working
+// directory DB.Open leaves: logs/next-steps.txt and manifest.json as the
+// database has them after Close, and logs/run.json naming the run's
+// address, which runstate.RunElsewhere (the command's and the file
+// store's reader) finds.
+func TestOpenStoreWorkDirHasTheViews(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := runstate.OpenStore(db.Store("r"), dir, &runstate.Options{Request: "views"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "make", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out/made.txt", []byte("made\n"))
+	}))
+	id := r.ID()
+	require.NoError(t, r.Close())
+	next, err := db.NextSteps(ctx, "r")
+	require.NoError(t, err)
+	st, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+
+	assert.Equal(t, next, readView(t, dir, "logs/next-steps.txt"), "the handoff is the database's as the session left it")
+	seq, mid := manifestSeq(t, readView(t, dir, "manifest.json"))
+	assert.Equal(t, st.Seq, seq, "manifest.json is as of the session's last record")
+	assert.Equal(t, id, mid)
+	var rj runJSON
+	require.NoError(t, json.Unmarshal([]byte(readView(t, dir, "logs/run.json")), &rj))
+	assert.Equal(t, runJSON{Store: "postgres", Address: db.Address("r"), Schema: db.schema, Run: "r", ID: id}, rj)
+	addr, ok := runstate.RunElsewhere(dir)
+	assert.True(t, ok, "the working directory names where the run is")
+	assert.Equal(t, db.Address("r"), addr)
+	_, err = runstate.Open(dir, &runstate.Options{Request: "views"})
+	assert.ErrorIs(t, err, runstate.ErrMismatch, "runstate.Open refuses the working directory, as for DB.Open's")
+
+	// Both ways give the same files, resumed in one directory.
+	r, err = db.Open(ctx, "r", dir, nil)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	viaOpen, err := db.NextSteps(ctx, "r")
+	require.NoError(t, err)
+	assert.Equal(t, viaOpen, readView(t, dir, "logs/next-steps.txt"))
+}
+
+// TestOpenStoreRefusesAnotherRequestNamingTheRun: a run name that exists
+// with another Request is refused with runstate.ErrMismatch, and the same
+// error, through DB.Open and through runstate.OpenStore(db.Store(name),
+// dir, opts): it names the run in the database and says to use another
+// run, not the working directory ("use another directory"), which is not
+// where the run is.
+func TestOpenStoreRefusesAnotherRequestNamingTheRun(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "first"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	dir := t.TempDir()
+	_, viaOpen := db.Open(ctx, "r", dir, &runstate.Options{Request: "second"})
+	_, viaStore := runstate.OpenStore(db.Store("r"), dir, &runstate.Options{Request: "second"})
+	for what, err := range map[string]error{"DB.Open": viaOpen, "OpenStore": viaStore} {
+		require.ErrorIs(t, err, runstate.ErrMismatch, what)
+		assert.Contains(t, err.Error(), `run "r" in schema `+db.schema, what)
+		assert.Contains(t, err.Error(), `serves request "first", not "second": use another run for other work`, what)
+		assert.NotContains(t, err.Error(), dir, what)
+	}
+	assert.Equal(t, viaOpen.Error(), viaStore.Error(), "both ways say the same")
+	st, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	assert.Equal(t, "first", st.Request)
+}

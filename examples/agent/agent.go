@@ -456,7 +456,7 @@ func (a *agent) blockers() {
 		if what == "" {
 			what = "effect " + b.Key
 		}
-		fmt.Fprintf(a.cfg.out, "  %s %s: %s\n    do: %s\n", what, b.Kind, b.Reason, strings.ReplaceAll(b.Action, "DIR", a.run.Dir()))
+		fmt.Fprintf(a.cfg.out, "  %s %s: %s\n    do: %s\n", what, b.Kind, b.Reason, b.Action)
 	}
 }
 

@@ -219,7 +219,7 @@ func scrub(v any) any {
 	case map[string]any:
 		for k, x := range v {
 			switch k {
-			case "dir", "bytes", "time_to_first_record_ns", "end", "offset", "pid", "host":
+			case "dir", "address", "bytes", "time_to_first_record_ns", "end", "offset", "pid", "host":
 				v[k] = "X"
 			default:
 				v[k] = scrub(x)

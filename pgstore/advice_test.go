@@ -1,0 +1,68 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAdviceNamesTheRunsAddress: what a person is told to run for a
+// PostgreSQL run — in the errors of Begin (an awaiting or a fatal stage)
+// and of a failed Effect, in Run.Status's and DB.Inspect's blocker
+// Actions and in the handoff — names the run by its address (DB.Address,
+// quoted for a shell), not the placeholder DIR nor the working directory.
+func TestAdviceNamesTheRunsAddress(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "advice"})
+	require.NoError(t, err)
+	defer r.Close()
+	st, err := r.Begin(ctx, "review")
+	require.NoError(t, err)
+	require.ErrorIs(t, st.Await("read the diff"), runstate.ErrNeedsPerson)
+	st, err = r.Begin(ctx, "deploy")
+	require.NoError(t, err)
+	require.NoError(t, st.Fail(runstate.Fatal(errors.New("the schema is gone"))))
+	_, effect := r.Effect(ctx, "ticket", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		return nil, errors.New("timeout")
+	}})
+	require.ErrorIs(t, effect, runstate.ErrUnconfirmed)
+	_, awaiting := r.Begin(ctx, "review")
+	require.ErrorIs(t, awaiting, runstate.ErrNeedsPerson)
+	_, fatal := r.Begin(ctx, "deploy")
+	require.ErrorIs(t, fatal, runstate.ErrFatal)
+
+	at := "'" + db.Address("r") + "'" // quoted for a shell: it has an &
+	assert.Contains(t, awaiting.Error(), "approve it with: runstate approve "+at+" review -by NAME")
+	assert.Contains(t, fatal.Error(), "fix the cause, then: runstate invalidate "+at+" deploy -reason TEXT")
+	assert.Contains(t, effect.Error(), "resolve it with: runstate resolve "+at+" ticket -sent RECEIPT|-not-sent -by NAME")
+	want := map[string]string{
+		"review": "runstate approve " + at + " review -by NAME -note TEXT",
+		"deploy": "fix the cause, then: runstate invalidate " + at + " deploy -reason TEXT",
+		"ticket": "check the receiving system, then: runstate resolve " + at + " ticket -sent RECEIPT -by NAME (or -not-sent); a later Effect call for this key asks its Check again first, if it has one",
+	}
+	status, err := r.Status()
+	require.NoError(t, err)
+	inspected, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	page, err := r.NextSteps()
+	require.NoError(t, err)
+	for what, st := range map[string]*runstate.Status{"Run.Status": status, "DB.Inspect": inspected} {
+		got := map[string]string{}
+		for _, b := range st.Blockers {
+			got[b.Stage+b.Key] = b.Action
+			assert.Contains(t, page, "    do: "+b.Action+"\n", "the handoff says it as %s does", what)
+		}
+		assert.Equal(t, want, got, what)
+	}
+	for _, text := range []string{awaiting.Error(), fatal.Error(), effect.Error(), page} {
+		assert.NotContains(t, text, " DIR ")
+		assert.NotContains(t, text, dir, "the working directory is not the run's address")
+	}
+}

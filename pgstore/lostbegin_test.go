@@ -1,0 +1,113 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// holdWAL are the settings of a server that keeps a lazy commit's WAL
+// (synchronous_commit off) in its shared buffers for up to 10 s: the WAL
+// writer wakes every 10 s (the most wal_writer_delay allows) and nothing
+// else writes WAL out early (no background writer, no autovacuum, no
+// timed checkpoint), so that a crash right after a lazy commit loses it.
+var holdWAL = []string{"wal_writer_delay=10000ms", "bgwriter_lru_maxpages=0", "autovacuum=off", "checkpoint_timeout=1h"}
+
+// crashNow crashes the server as 'pg_ctl stop -m immediate' does (SIGQUIT
+// to the postmaster: every process exits at once, nothing more is written,
+// the next start replays the WAL), without pg_ctl's start-up time, and
+// waits until the postmaster is gone.
+func (s *pgServer) crashNow(t testing.TB) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid"))
+	require.NoError(t, err, "the test server's postmaster.pid")
+	first, _, _ := strings.Cut(string(data), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	require.NoError(t, err, "postmaster.pid: %q", first)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT))
+	_, gone := poll(30*time.Second, 10*time.Millisecond, func() bool { return syscall.Kill(pid, 0) != nil })
+	require.True(t, gone, "the postmaster (pid %d) did not exit within 30 s of SIGQUIT", pid)
+}
+
+// TestServerCrashLosingALazyBeginStopsItsSession: a Begin, acknowledged to
+// the Run from a lazy commit (synchronous_commit off), is lost when the
+// server crashes before its WAL writer flushed it (a server of the test's
+// own that holds lazy commits' WAL back, holdWAL); the server starts
+// again. Every record acknowledged by a synced commit is there, byte for
+// byte; the begin is not. The session does not go on as if it were: the
+// Stage's Complete fails with runstate.ErrSessionLost (its batch finds
+// the run's head before the position the session read) and records
+// nothing, and the Stage's context ends with that cause, so its work is
+// never recorded complete on a ledger without its begin. A new Open in the
+// same working directory resumes the run: the stage begins again as
+// attempt 1 and completes; the ledger verifies.
+func TestServerCrashLosingALazyBeginStopsItsSession(t *testing.T) {
+	srv := startServerWith(t, nil, nil, holdWAL)
+	ctx := context.Background()
+	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=lostbegin")
+	require.NoError(t, err)
+	defer db.Close()
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: "lost begin"}
+
+	run, err := db.Open(ctx, "run", dir, opts)
+	require.NoError(t, err)
+	defer run.Close()
+	require.NoError(t, run.Do(ctx, "fetch", func(context.Context, *runstate.Stage) error { return nil }))
+	synced := readAll(t, db.Store("run")) // Do's complete was synced: these are durable
+
+	st, err := run.Begin(ctx, "build")
+	require.NoError(t, err, "the lazy begin is acknowledged")
+	var write, insert string
+	require.NoError(t, db.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_current_wal_insert_lsn()::text`).Scan(&write, &insert))
+	srv.crashNow(t)
+	srv.start(t)
+	t.Logf("at the crash the server had written its WAL up to %s, inserted up to %s", write, insert)
+
+	after := readAll(t, db.Store("run"))
+	require.Len(t, after, len(synced), "the crash lost the lazy begin (write lsn %s, insert lsn %s): the server settings %v must hold its WAL back", write, insert, holdWAL)
+	for i := range synced {
+		assert.True(t, bytes.Equal(synced[i], after[i]), "acknowledged record %d is there, byte for byte", i+1)
+	}
+
+	err = st.Complete()
+	require.Error(t, err, "the session goes on as if its lost begin were there")
+	assert.ErrorIs(t, err, runstate.ErrSessionLost)
+	select {
+	case <-st.Context().Done():
+		assert.ErrorIs(t, context.Cause(st.Context()), runstate.ErrSessionLost, "the stage's work is stopped for the lost session")
+	case <-time.After(10 * time.Second):
+		t.Error("the stage's context was not cancelled after its session was lost")
+	}
+	assert.Len(t, readAll(t, db.Store("run")), len(synced), "the lost session recorded nothing")
+	assert.ErrorIs(t, run.Close(), runstate.ErrReadOnly, "the lost session's Run cannot write its close record")
+
+	again, err := db.Open(ctx, "run", dir, opts)
+	require.NoError(t, err, "a new Open resumes the run")
+	defer again.Close()
+	st2, err := again.Begin(ctx, "build")
+	require.NoError(t, err, "the stage whose begin was lost can be begun again")
+	assert.Equal(t, 1, st2.Attempt(), "the ledger has no attempt of it")
+	require.NoError(t, st2.Complete())
+	_, err = again.Begin(ctx, "fetch")
+	assert.ErrorIs(t, err, runstate.ErrDone, "the stage acknowledged before the crash stays done")
+	require.NoError(t, again.Close())
+
+	recs := ledger(t, db, "run")
+	assert.Equal(t, []string{"begin 1", "complete 1"}, stageEvents(recs, "build"), "one begin, one complete, in the new session")
+	assert.Equal(t, again.Session(), sessionOf(recs, "build", "complete", 1))
+	assert.Equal(t, []string{"begin 1", "complete 1"}, stageEvents(recs, "fetch"))
+	rep, err := db.Verify(ctx, "run")
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep.Problems)
+}
