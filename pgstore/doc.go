@@ -68,9 +68,11 @@
 // manifest.json (each naming the seq it reflects; rewritten within 50 ms
 // of a change and at Close, off the append path; never read back: the
 // database is the truth), and logs/run.json, the run's address without a
-// password, so that 'runstate status DIR' there reads the run. The
-// handoff's "look at:" lines name the records table and the runstate
-// commands on the address (runstate.Addresser).
+// password, so that 'runstate status DIR' there reads the run; the same for
+// a Run opened with DB.Open or with runstate.OpenStore(db.Store(name), dir,
+// opts) (the store is a runstate.WorkDirViewer). The handoff's "look at:"
+// lines, Status's blocker Actions and the advice in errors name the run by
+// its address (runstate.Addresser).
 //
 // # Schema
 //
