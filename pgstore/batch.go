@@ -50,6 +50,12 @@ type batch struct {
 	// taken once, so that a re-run of the commit carries them again.
 	inline []inlineBlob
 	took   bool
+
+	// opt: an optimistic batch (optimistic.go), which holds no lock and
+	// no connection until its commit; needLock: a decision asked Alive
+	// about another session, which only the lock can answer.
+	opt      bool
+	needLock bool
 }
 
 type recordRows struct {
@@ -273,6 +279,7 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 		return fmt.Errorf("%w: run %s: record %d's hash in the database is not the one this session read; open the run again",
 			runstate.ErrSessionLost, b.s.name, from.Seq)
 	}
+	b.s.opt.locked(b.head, lastAt, b.now, len(b.tail) > 0)
 	return nil
 }
 
@@ -303,6 +310,10 @@ func (b *batch) Alive(session string) bool {
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return false // not a session this store can hold
+	}
+	if b.opt {
+		b.needLock = true // the batch is decided again under the lock
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -400,6 +411,9 @@ func (b *batch) Sync(ctx context.Context) error {
 	if b.done || b.synced {
 		return nil
 	}
+	if err := b.bet(); err != nil {
+		return err
+	}
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
@@ -444,7 +458,7 @@ func (b *batch) Abort() error {
 		return nil
 	}
 	defer b.release()
-	if b.synced {
+	if b.synced || b.conn == nil { // an optimistic batch's before its commit: nothing to drop
 		return nil
 	}
 	if b.failed {
@@ -462,7 +476,7 @@ func (b *batch) Abort() error {
 // rollback ends a transaction whose commit failed, best effort (a broken
 // connection is dropped by the pool at release).
 func (b *batch) rollback() {
-	if b.conn.Conn().PgConn().IsClosed() {
+	if b.conn == nil || b.conn.Conn().PgConn().IsClosed() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -473,7 +487,9 @@ func (b *batch) rollback() {
 func (b *batch) release() {
 	if !b.done {
 		b.done = true
-		b.conn.Release()
+		if b.conn != nil {
+			b.conn.Release()
+		}
 	}
 }
 
@@ -548,7 +564,14 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
-	err := b.conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	pb := b.commitBatch(lazy)
+	if b.opt {
+		var err error
+		if pb, err = b.betBatch(ctx, pb); pb == nil {
+			return err
+		}
+	}
+	err := b.conn.SendBatch(ctx, pb).Close()
 	switch {
 	case err == nil:
 		b.committed()
@@ -569,7 +592,8 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 
 // committed moves the batch's head past what it committed.
 func (b *batch) committed() {
-	if len(b.rows.seq) > 0 {
+	if n := len(b.rows.seq); n > 0 {
+		b.s.opt.committed(b.to, b.rows.at[n-1], b.opt)
 		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
 	}
 }
@@ -581,7 +605,10 @@ func (b *batch) appendError(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "22012":
+		case "22012", "55P03", "2201F":
+			if b.opt {
+				return b.lostBet(pe.Code)
+			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
 		case "23503":
 			if pe.ConstraintName == "outputs_sha256_fkey" {
