@@ -28,12 +28,18 @@ import (
 // batch again under Lock. The locked path's statements are untouched.
 //
 // The store bets only after Locks in a row have found no other
-// session's records: one at first; after a lost bet 4, then 4 times as
-// many for each further one, and twice as many for each Lock that finds
-// another session's records (up to 256); half as many after each bet won.
+// session's records: two at first (Open's and the first batch's: where
+// several processes open one run together, the first batch after Open
+// finds the others' records, and a bet there would be lost); after a lost
+// bet 4, then 4 times as many for each further one, and twice as many for
+// each Lock that finds another session's records (up to 256); half as
+// many after each bet won.
 // Where several processes take turns on one run a bet would lose most of
 // the time, and a lost one costs more than a Lock: a ROLLBACK, and the
 // Run's read of the records up to its position (runstate's rollBack).
+
+// minQuiet is the fewest quiet Locks in a row before a bet.
+const minQuiet = 2
 
 // optimism is what the store knows of the run's head. Safe for concurrent
 // use.
@@ -44,7 +50,7 @@ type optimism struct {
 	lastAt time.Time         // its last record's time
 	offset time.Duration     // the database's clock minus the local one, at the last Lock
 	quiet  int               // Locks in a row that found no other session's records
-	need   int               // quiet Locks needed before a bet (0: 1)
+	need   int               // quiet Locks needed before a bet (at least minQuiet)
 	locks  int               // Locks taken (tests)
 	eager  bool              // bet whenever the head is known (tests: racing bets)
 	bets   int               // optimistic batches made (tests)
@@ -109,7 +115,7 @@ func (s *store) LockOptimistic(from runstate.Position) (runstate.OptimisticBatch
 	o := &s.opt
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if !o.known || (o.quiet < max(o.need, 1) && !o.eager) || o.head.Seq != from.Seq || o.head.Hash != from.Hash {
+	if !o.known || (o.quiet < max(o.need, minQuiet) && !o.eager) || o.head.Seq != from.Seq || o.head.Hash != from.Hash {
 		return nil, false
 	}
 	o.bets++

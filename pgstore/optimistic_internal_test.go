@@ -480,3 +480,27 @@ func TestOnlyTheBetIsAnOptimisticBatch(t *testing.T) {
 	require.True(t, ok)
 	require.NoError(t, ob.Abort())
 }
+
+// Sessions that open one run together (processes of a fleet) do not bet
+// on their first batch after Open, which would find the others' records
+// and lose (a ROLLBACK and a read of the run each, in every process); a
+// session alone bets from its first Do's complete on.
+func TestOptimisticFirstBatchAfterOpenDoesNotBet(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	a, as := openOptimist(t, db, "together")
+	b, bs := openOptimist(t, db, "together")
+	for i, r := range []*runstate.Run{a, b} {
+		require.NoError(t, r.Do(ctx, fmt.Sprintf("first-%d", i), func(context.Context, *runstate.Stage) error { return nil }))
+	}
+	for i, s := range []*store{as, bs} {
+		_, lost := s.opt.counts()
+		require.Zero(t, lost, "session %d lost a bet", i)
+	}
+
+	c, cs := openOptimist(t, db, "alone")
+	require.NoError(t, c.Do(ctx, "first", func(context.Context, *runstate.Stage) error { return nil }))
+	bets, lost := cs.opt.counts()
+	require.Equal(t, 1, bets, "the first Do's complete bets")
+	require.Zero(t, lost)
+}
