@@ -508,6 +508,32 @@ const appendSQL = `WITH ins AS (
 )
 SELECT 1 / (SELECT count(*)::int FROM head)`
 
+// appendOneSQL is appendSQL for the common batch of one record without
+// outputs (a begin), and appendOneOutputSQL for one record with one
+// output (a checkpoint's complete): the same statement shape, with the
+// values as scalar parameters, so that neither pgx (array encoding) nor
+// the server (unnest) handles arrays for them.
+const (
+	appendOneSQL = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+), head AS (
+  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
+  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM head)`
+	appendOneOutputSQL = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) VALUES ($1, $2, $15, $16, $17)
+), head AS (
+  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
+  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM head)`
+)
+
 // The projections, each newest seq wins.
 const (
 	publishManifestSQL = `INSERT INTO {s}.projections AS p (run_id, seq, hash, "end", last_len, crc, manifest, at)
@@ -546,8 +572,17 @@ func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
 		headHash, _ := hex.DecodeString(b.head.Hash)
-		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+		switch {
+		case n == 1 && len(o.seq) == 0:
+			pb.Queue(db.sql(appendOneSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash)
+		case n == 1 && len(o.seq) == 1:
+			pb.Queue(db.sql(appendOneOutputSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0])
+		default:
+			pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
+				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+		}
 	}
 	b.s.queuePublish(&pb, b.runID, false)
 	if lazy {
