@@ -55,6 +55,31 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 		return nil
 	}
 	r.apply(batch, b)
+	if c.conflict {
+		// An optimistic batch lost its bet (ErrConflict): nothing was
+		// written and the state is as before it; every transaction is
+		// decided again, without a bet (tryLock).
+		c.conflict = false
+		c.noBet.Store(true)
+		r.cur = nil
+		r.stMu.Unlock()
+		_ = b.Abort()
+		var again []*tx
+		for _, t := range batch {
+			if t.claim.CompareAndSwap(txClaimed, txQueued) {
+				t.err, t.recs = nil, nil
+				again = append(again, t)
+			}
+		}
+		// Back to the front of the queue, in a new array: the leader
+		// (lead, after runNow too) takes them next, under TryLock, or
+		// hands them to leadLater when another session holds the lock, so
+		// that no caller waits longer than its context allows.
+		c.mu.Lock()
+		c.queue = append(again, c.queue...)
+		c.mu.Unlock()
+		return nil
+	}
 	for _, t := range batch {
 		if t.last && t.err == nil {
 			r.writeManifest(b) // Close: the manifest as of the close record
@@ -105,6 +130,18 @@ func (r *Run) tailLine() func([]byte) error {
 func onlyBegins(recs []*Record) bool {
 	for _, rec := range recs {
 		if rec.Ev != evBegin {
+			return false
+		}
+	}
+	return true
+}
+
+// onlyFlushes reports whether batch is the handoff lag timer's
+// transactions alone, which decide nothing: an optimistic batch of them
+// needs no Confirm (it publishes the handoff at Unlock, newest seq wins).
+func onlyFlushes(batch []*tx) bool {
+	for _, t := range batch {
+		if !t.flush {
 			return false
 		}
 	}
@@ -190,7 +227,40 @@ func (r *Run) writeBatch(batch []*tx, b Batch, side bool) written {
 // the run's lock and stMu. On a failed Sync the run turns read-only.
 func (r *Run) apply(batch []*tx, b Batch) {
 	c := &r.c
+	start, startLen, mark := r.st.pos, r.st.lastLen, r.notes.mark()
 	w := r.writeBatch(batch, b, false)
+	// conflicted reports whether err is an optimistic batch's lost bet,
+	// and then rolls back what writeBatch applied (runLocked goes on).
+	conflicted := func(err error) bool {
+		if !errors.Is(err, ErrConflict) {
+			return false
+		}
+		if w.wrote {
+			r.notes.cut(mark)
+			if err := r.rollBack(start, startLen); err != nil {
+				r.setSticky(err)
+				for _, t := range w.ok {
+					t.err, t.recs = err, nil
+				}
+				return true
+			}
+		}
+		c.conflict = true
+		return true
+	}
+	if ob, ok := b.(OptimisticBatch); ok && !w.sync && !onlyFlushes(batch) {
+		if err := ob.Confirm(context.Background()); err != nil {
+			if conflicted(err) {
+				return
+			}
+			r.setSticky(err)
+			for _, t := range w.ok {
+				t.err, t.recs = err, nil
+			}
+			r.notes.lost()
+			return
+		}
+	}
 	if !w.wrote {
 		if w.flush && c.lag.behind {
 			r.writeNextSteps(b)
@@ -214,6 +284,9 @@ func (r *Run) apply(batch []*tx, b Batch) {
 			err = r.syncBatch(b, ok)
 		}
 		if err != nil {
+			if conflicted(err) {
+				return
+			}
 			r.setSticky(err)
 			failAll(err)
 			r.notes.lost()
@@ -246,8 +319,10 @@ func (r *Run) apply(batch []*tx, b Batch) {
 // while the batch waits for the disk, and so may a side writer (see
 // commitTx) with more begins: this process holds the run's lock until the
 // fsync is done. Readers of the state (Status, Begin's look at a stage's
-// outputs) may come in meanwhile too. The caller holds stMu, and holds it
-// again on return.
+// outputs) may come in meanwhile too; they may see an optimistic batch's
+// records that its Sync then finds in conflict (rolled back and decided
+// again), as they may see records whose Sync fails. The caller holds stMu,
+// and holds it again on return.
 func (r *Run) syncBatch(b Batch, ok []*tx) error {
 	c := &r.c
 	_, side := b.(SideWriter)
@@ -356,4 +431,33 @@ func (r *Run) reload(start chain, startLen int64) {
 	}
 	st.lastLen = startLen
 	r.st = st
+}
+
+// errRolledBack stops rollBack's read at the position it rolls back to.
+var errRolledBack = errors.New("runstate: read up to the rollback position")
+
+// rollBack rebuilds the state as of start from the store's records (an
+// optimistic batch that lost its bet: other sessions' records may follow
+// start in the store; Lock's Tail applies them next).
+func (r *Run) rollBack(start chain, startLen int64) error {
+	st := newState()
+	p := replayer{path: r.store.String(), c: &st.pos, apply: st.replay}
+	_, err := r.store.Read(context.Background(), Position{}, func(line []byte) error {
+		if st.pos.seq >= start.seq {
+			return errRolledBack
+		}
+		return p.line(line)
+	})
+	if errors.Is(err, errRolledBack) {
+		err = nil
+	}
+	if err == nil && st.pos != start {
+		err = fmt.Errorf("the store's record %d is not the one this session read", start.seq)
+	}
+	if err != nil {
+		return fmt.Errorf("runstate: roll back to record %d of %s after a conflict: %w", start.seq, r.store, err)
+	}
+	st.lastLen = startLen
+	r.st = st
+	return nil
 }

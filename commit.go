@@ -80,6 +80,12 @@ type committer struct {
 	manifestCost time.Duration
 	skipped      int // Begin found a stage done
 	deduped      int // Effect returned a stored receipt
+	// conflict: the leader's optimistic batch found the run's head moved
+	// (ErrConflict); apply set it, with the state rolled back, and
+	// runLocked queues the batch again (under stMu); noBet: the next
+	// batch is not optimistic (tryLock).
+	conflict bool
+	noBet    atomic.Bool
 }
 
 // tx is one unit of the group commit: fn decides, on the current state and
@@ -223,15 +229,25 @@ func (r *Run) lead(own *tx) bool {
 	return true
 }
 
-// tryLock takes the run's lock if no other session holds it.
+// tryLock takes the run's lock if no other session holds it, or an
+// optimistic batch where the store offers one (Optimist).
 func (r *Run) tryLock() (Batch, bool, error) {
+	o, opt := r.store.(Optimist)
 	tl, ok := r.store.(TryLocker)
-	if !ok {
+	if !ok && !opt {
 		return nil, false, nil
 	}
 	r.stMu.RLock()
 	from := r.st.position()
 	r.stMu.RUnlock()
+	if opt && !r.c.noBet.Swap(false) {
+		if b, ok := o.LockOptimistic(from); ok {
+			return b, true, nil
+		}
+	}
+	if !ok {
+		return nil, false, nil
+	}
 	return tl.TryLock(from)
 }
 

@@ -87,6 +87,14 @@ var (
 	// (LeaseWatcher); open the run again to continue as a new session.
 	ErrSessionLost = errors.New("runstate: session lost its liveness")
 
+	// ErrConflict is wrapped by the error of an optimistic Batch's Sync
+	// or Confirm (OptimisticBatch) when the run's head was no longer the
+	// Position the batch was decided on, or the batch cannot be proven
+	// right without the run's lock: nothing was written. The committer
+	// answers it by rolling its state back and deciding the batch again
+	// with the run's lock (TryLock or Lock); callers never see it.
+	ErrConflict = errors.New("runstate: the run's head moved under an optimistic batch")
+
 	// ErrInvalid is wrapped by errors about bad arguments: an empty stage
 	// name, a path that escapes the run directory, an unknown stage, a
 	// receipt that is not JSON, a value larger than a ledger record may

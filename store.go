@@ -213,6 +213,52 @@ type TryLocker interface {
 	TryLock(from Position) (b Batch, ok bool, err error)
 }
 
+// Optimist is a Store that can run a batch without taking the run's
+// writer lock first, on the bet that no other session appended since the
+// Position the session last saw: the lock, the check that the head is
+// still there, the records and the commit then travel together (one round
+// trip to a database instead of two). The committer tries it first.
+type Optimist interface {
+	// LockOptimistic returns an OptimisticBatch for from, holding no lock,
+	// or ok false when the store would rather lock (it saw other
+	// sessions append lately, a conflict, or its session is not
+	// confirmed): the committer then locks as usual. It does not wait.
+	LockOptimistic(from Position) (b OptimisticBatch, ok bool)
+}
+
+// OptimisticBatch is a Batch from LockOptimistic, and only that: the
+// committer takes any Batch with a Confirm method for an optimistic one
+// and Confirms it before releasing its callers, so Lock and TryLock must
+// return batches without one (a locked batch of begins releases its
+// callers first and commits at Unlock, while they go on). Its Tail
+// yields nothing (it bets that there is nothing); Now is the store's
+// clock as last seen,
+// never before the head's records; Alive answers true (the safe side) for
+// any session but the batch's own, and the batch then cannot be right
+// without the lock: its Sync and Confirm return ErrConflict. Its Sync and
+// Confirm write what Append queued if and only if the run's head is still
+// the Position given to LockOptimistic and the session's liveness holds,
+// at once and atomically, without waiting for another session's batch
+// (one under way is a conflict); otherwise they write nothing and return an
+// error wrapping ErrConflict (or ErrSessionLost when the session is
+// proven gone). A batch that appended nothing cannot prove its
+// decisions were made on the head, so its Confirm returns ErrConflict
+// too. On ErrConflict the committer rolls its state back to the
+// Position, Aborts the batch, and decides every transaction of it again
+// in its next batch, which it does not ask LockOptimistic for (TryLock or
+// Lock, as without an Optimist). Unlock and Abort after Sync or Confirm release
+// nothing but the batch. The committer does not Confirm a batch of the
+// handoff timer's flushes alone (they decide nothing): its Unlock writes
+// what Publish kept, if anything, without the lock (newest at wins).
+type OptimisticBatch interface {
+	Batch
+	// Confirm is Sync without the wait for durability, for a batch no
+	// transaction of which asks for an fsync (begins): when it returns
+	// nil, the lines are the run's as after Unlock. The committer calls
+	// it before it releases the batch's callers.
+	Confirm(ctx context.Context) error
+}
+
 // SideWriter is a Batch whose Append makes lines visible at once, and which
 // accepts more lines while a Sync is under way: the committer then writes
 // begin records (which need no fsync) during another batch's fsync instead

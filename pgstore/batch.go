@@ -50,6 +50,12 @@ type batch struct {
 	// taken once, so that a re-run of the commit carries them again.
 	inline []inlineBlob
 	took   bool
+
+	// opt: an optimistic batch (optimistic.go), which holds no lock and
+	// no connection until its commit; needLock: a decision asked Alive
+	// about another session, which only the lock can answer.
+	opt      bool
+	needLock bool
 }
 
 type recordRows struct {
@@ -273,6 +279,7 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 		return fmt.Errorf("%w: run %s: record %d's hash in the database is not the one this session read; open the run again",
 			runstate.ErrSessionLost, b.s.name, from.Seq)
 	}
+	b.s.opt.locked(b.head, lastAt, b.now, len(b.tail) > 0)
 	return nil
 }
 
@@ -303,6 +310,10 @@ func (b *batch) Alive(session string) bool {
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return false // not a session this store can hold
+	}
+	if b.opt {
+		b.needLock = true // the batch is decided again under the lock
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -400,6 +411,9 @@ func (b *batch) Sync(ctx context.Context) error {
 	if b.done || b.synced {
 		return nil
 	}
+	if err := b.bet(); err != nil {
+		return err
+	}
 	err := b.commit(ctx, false)
 	if err == nil {
 		b.synced = true
@@ -444,7 +458,7 @@ func (b *batch) Abort() error {
 		return nil
 	}
 	defer b.release()
-	if b.synced {
+	if b.synced || b.conn == nil { // an optimistic batch's before its commit: nothing to drop
 		return nil
 	}
 	if b.failed {
@@ -462,7 +476,7 @@ func (b *batch) Abort() error {
 // rollback ends a transaction whose commit failed, best effort (a broken
 // connection is dropped by the pool at release).
 func (b *batch) rollback() {
-	if b.conn.Conn().PgConn().IsClosed() {
+	if b.conn == nil || b.conn.Conn().PgConn().IsClosed() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -473,7 +487,9 @@ func (b *batch) rollback() {
 func (b *batch) release() {
 	if !b.done {
 		b.done = true
-		b.conn.Release()
+		if b.conn != nil {
+			b.conn.Release()
+		}
 	}
 }
 
@@ -491,6 +507,32 @@ const appendSQL = `WITH ins AS (
   WHERE id = $1 AND last_seq = $20 AND last_hash = $21 RETURNING 1
 )
 SELECT 1 / (SELECT count(*)::int FROM head)`
+
+// appendOneSQL is appendSQL for the common batch of one record without
+// outputs (a begin), and appendOneOutputSQL for one record with one
+// output (a checkpoint's complete): the same statement shape, with the
+// values as scalar parameters, so that neither pgx (array encoding) nor
+// the server (unnest) handles arrays for them.
+const (
+	appendOneSQL = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+), head AS (
+  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
+  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM head)`
+	appendOneOutputSQL = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) VALUES ($1, $2, $15, $16, $17)
+), head AS (
+  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
+  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM head)`
+)
 
 // The projections, each newest seq wins.
 const (
@@ -530,8 +572,17 @@ func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	if n := len(b.rows.seq); n > 0 {
 		r, o := &b.rows, &b.outs
 		headHash, _ := hex.DecodeString(b.head.Hash)
-		pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-			o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+		switch {
+		case n == 1 && len(o.seq) == 0:
+			pb.Queue(db.sql(appendOneSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash)
+		case n == 1 && len(o.seq) == 1:
+			pb.Queue(db.sql(appendOneOutputSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0])
+		default:
+			pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
+				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
+		}
 	}
 	b.s.queuePublish(&pb, b.runID, false)
 	if lazy {
@@ -548,7 +599,14 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
-	err := b.conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	pb := b.commitBatch(lazy)
+	if b.opt {
+		var err error
+		if pb, err = b.betBatch(ctx, pb); pb == nil {
+			return err
+		}
+	}
+	err := b.conn.SendBatch(ctx, pb).Close()
 	switch {
 	case err == nil:
 		b.committed()
@@ -569,7 +627,8 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 
 // committed moves the batch's head past what it committed.
 func (b *batch) committed() {
-	if len(b.rows.seq) > 0 {
+	if n := len(b.rows.seq); n > 0 {
+		b.s.opt.committed(b.to, b.rows.at[n-1], b.opt)
 		b.head, b.rows, b.outs = b.to, recordRows{}, outputRows{}
 	}
 }
@@ -581,7 +640,10 @@ func (b *batch) appendError(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "22012":
+		case "22012", "55P03", "2201F":
+			if b.opt {
+				return b.lostBet(pe.Code)
+			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
 		case "23503":
 			if pe.ConstraintName == "outputs_sha256_fkey" {

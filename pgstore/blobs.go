@@ -62,9 +62,20 @@ func (b *blobStore) putBack(p []inlineBlob) {
 	b.pending = append(p, b.pending...)
 }
 
+// insertOneBlobSQL stores one small blob: its one chunk and its row.
+const insertOneBlobSQL = `WITH c AS (
+  INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING
+)
+INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $3, 1) ON CONFLICT DO NOTHING`
+
 // queueInline queues the inserts of small blobs into a batch's round trip.
 func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
-	if len(blobs) == 0 {
+	switch len(blobs) {
+	case 0:
+		return
+	case 1: // the common case (a checkpoint's one output): one statement, no arrays
+		x := blobs[0]
+		pb.Queue(b.db.sql(insertOneBlobSQL), x.sum, x.data, int64(len(x.data)))
 		return
 	}
 	sums := make([][]byte, len(blobs))

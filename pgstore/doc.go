@@ -20,12 +20,19 @@
 // the run's writers on every machine; each batch is one transaction: one
 // pipelined round trip to lock the head, probe the session's own lock and
 // read what others appended, one to insert the records, move the head
-// (compare-and-set) and COMMIT. A batch that acknowledges something (a
-// complete, fail, effect) commits with synchronous_commit on: when the
-// call returns, its records are in the server's WAL on disk. A batch of
-// begins alone commits with synchronous_commit off: visible at once, and
-// durable with the next synchronous commit (WAL is flushed in order), as a
-// run directory's unsynced begin is.
+// (compare-and-set) and COMMIT. When the session's position is still the
+// head as it last saw it (no other session appended lately), a batch is
+// one round trip instead (runstate.Optimist): BEGIN, a statement that
+// locks the head row NOWAIT only if it is still at that position and
+// probes the session's own lock under it, then the same statements and
+// COMMIT; a head that moved or is held makes it fail with nothing
+// written, and the Run decides the batch again after a Lock. A batch that
+// acknowledges something (a complete, fail, effect) commits with
+// synchronous_commit on: when the call returns, its records are in the
+// server's WAL on disk. A batch of begins alone commits with
+// synchronous_commit off: visible at once, and durable with the next
+// synchronous commit (WAL is flushed in order), as a run directory's
+// unsynced begin is.
 //
 // # Sessions
 //

@@ -25,6 +25,7 @@ type store struct {
 	ses   *session // nil until Open, and for readers
 	blobs *blobStore
 	pub   published // projections not yet written (Batch.Publish)
+	opt   optimism  // whether the next batch may skip the lock (optimistic.go)
 }
 
 // Store returns the runstate.Store of the run named run, for
