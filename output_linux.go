@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/runstate/runstate/internal/unnamed"
@@ -18,9 +19,14 @@ import (
 // renamed into place is three (create in logs/tmp, and a rename between
 // directories, which the kernel serializes for the whole file system).
 // Among goroutines writing outputs at once this halves the CPU an output
-// costs (PERF.md). An output that already exists (a stage run again) is
-// replaced through a temp file in logs/tmp and renameat, as a link cannot
-// replace it. Either way add one open and close per directory level of
+// costs (PERF.md). An output that already exists (a stage run again:
+// the link fails with EEXIST) is replaced through a temp file in logs/tmp, as a link cannot
+// replace it: the two are exchanged (renameat2 RENAME_EXCHANGE) and the
+// temp name, which then holds the old file, removed. A rename over the
+// old file would do the same in one call, but on ext4 it starts the
+// writeback of the new file's data (auto_da_alloc), which made replacing
+// an output cost four times a new one here; where exchange is not
+// supported, it is renameat. Either way add one open and close per directory level of
 // its path, where going through os.Root costs about twenty system calls
 // (os.Root walks every component of both paths again on each call, and
 // checks the new file for the poller). Anything unusual (a missing
@@ -31,6 +37,9 @@ type outputDirs struct {
 	tmp  *os.File // logs/tmp
 	// link is how a new output is linked in, learnt at the first one.
 	link unnamed.Way
+	// noExchange: this kernel or file system cannot exchange two names;
+	// an output is replaced by renameat.
+	noExchange atomic.Bool
 }
 
 // open opens the directories through root, so that they are the ones
@@ -107,11 +116,13 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 	}
 	// A new output: an unnamed file, linked in once written (a reader
 	// sees all of it or nothing, a killed process leaves nothing). An
-	// existing one (a stage run again: EEXIST), or no O_TMPFILE here:
-	// through logs/tmp.
-	if d.link.Write(dirFd, base, data, perm) == nil {
+	// existing one (a stage run again), or no O_TMPFILE here: through
+	// logs/tmp.
+	lerr := d.link.Write(dirFd, base, data, perm)
+	if lerr == nil {
 		return nil
 	}
+	replace := errors.Is(lerr, syscall.EEXIST)
 	fd, err := openat(tmpFd, tmpName, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, perm)
 	if err != nil {
 		return errFallBack
@@ -119,6 +130,21 @@ func (d *outputDirs) writeAt(rootFd, tmpFd int, rel, tmpName string, data []byte
 	err = writeAll(fd, data)
 	if cerr := syscall.Close(fd); err == nil {
 		err = cerr
+	}
+	if err == nil && replace && !d.noExchange.Load() {
+		switch xerr := unnamed.Exchange(tmpFd, tmpName, dirFd, base); {
+		case xerr == nil:
+			// tmpName holds the old file now. A directory there (base
+			// was one: renameat would have refused it) is swapped back.
+			if syscall.Unlinkat(tmpFd, tmpName) == nil {
+				return nil
+			}
+			_ = unnamed.Exchange(tmpFd, tmpName, dirFd, base)
+			err = errFallBack
+		case errors.Is(xerr, unnamed.ErrUnsupported):
+			d.noExchange.Store(true)
+		}
+		// Otherwise (the old file is gone meanwhile): renameat.
 	}
 	if err == nil {
 		err = ignoringEINTR(func() error { return syscall.Renameat(tmpFd, tmpName, dirFd, base) })

@@ -44,10 +44,22 @@ func TestOutputUnnamedFile(t *testing.T) {
 	way := r.out.fast.link.Load()
 	assert.Contains(t, []int{unnamed.EmptyPath, unnamed.Proc}, way, "a new output is linked in, here")
 
-	// An output that exists is replaced (a link cannot), the way kept.
+	// An output that exists is replaced (a link cannot), the way kept:
+	// exchanged with a temp file, or where that is not supported renamed
+	// over. Either way a hard link to the old file keeps the old bytes,
+	// as a rename would leave them.
+	require.NoError(t, os.Link(filepath.Join(dir, "first.txt"), filepath.Join(dir, "first-alias")))
 	require.True(t, r.out.fast.write("first.txt", "t2", []byte("second, longer"), 0o644))
 	check("first.txt", []byte("second, longer"))
 	assert.Equal(t, way, r.out.fast.link.Load(), "replacing an output does not change the way")
+	assert.False(t, r.out.fast.noExchange.Load(), "this file system exchanges two names")
+	old, err := os.ReadFile(filepath.Join(dir, "first-alias"))
+	require.NoError(t, err)
+	assert.Equal(t, "first", string(old), "the old file, unlinked from the output's name only")
+	r.out.fast.noExchange.Store(true)
+	require.True(t, r.out.fast.write("first.txt", "t3", []byte("third"), 0o644))
+	check("first.txt", []byte("third"))
+	r.out.fast.noExchange.Store(false)
 
 	for _, c := range []struct {
 		how  int
@@ -120,6 +132,7 @@ func TestOutputFastPath(t *testing.T) {
 	_, err = os.Stat(filepath.Join(outside, "out.txt"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "nothing written outside the run")
 	assert.FileExists(t, filepath.Join(dir, "real", "linked.txt"))
+	assert.DirExists(t, filepath.Join(dir, "isdir"), "the directory in the way is left where it was")
 
 	// After Close the fast path declines (the directories are closed).
 	require.NoError(t, r.Close())

@@ -99,8 +99,9 @@ func (st *Stage) closedOr(err error) error {
 
 // WriteFile writes data to path inside the run directory atomically, so a
 // reader never sees half a file (on Linux a new file is written unnamed
-// and then linked in; otherwise, and to replace a file, a temp file in
-// logs/tmp is renamed over it), and records it as an output of this
+// and then linked in, and a file it replaces is swapped with a temp file
+// in logs/tmp, which is then removed; elsewhere a temp file in logs/tmp is
+// renamed over it), and records it as an output of this
 // attempt with its SHA-256. The file is not fsync'd:
 // Complete records its hash, and a later Begin redoes the stage if the
 // file did not survive. path is relative to the run directory (or absolute

@@ -98,3 +98,31 @@ func TestWay(t *testing.T) {
 	assert.ErrorIs(t, fresh.Write(int(proc.Fd()), "x", nil, 0o644), ErrUnsupported)
 	assert.Equal(t, None, fresh.Load())
 }
+
+// Exchange swaps two names atomically, in one directory or across two,
+// and fails with ENOENT when either is missing, changing nothing.
+func TestExchange(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "tmp"), 0o755))
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	defer d.Close()
+	tmp, err := os.Open(filepath.Join(dir, "tmp"))
+	require.NoError(t, err)
+	defer tmp.Close()
+	read := func(rel string) string {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, rel))
+		require.NoError(t, err)
+		return string(b)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "out.txt"), []byte("old"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tmp", "new"), []byte("new"), 0o644))
+	require.NoError(t, Exchange(int(tmp.Fd()), "new", int(d.Fd()), "out.txt"))
+	assert.Equal(t, "new", read("out.txt"))
+	assert.Equal(t, "old", read("tmp/new"))
+
+	err = Exchange(int(tmp.Fd()), "missing", int(d.Fd()), "out.txt")
+	assert.ErrorIs(t, err, syscall.ENOENT)
+	assert.Equal(t, "new", read("out.txt"), "a failed exchange changes nothing")
+}

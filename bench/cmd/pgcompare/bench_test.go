@@ -68,6 +68,7 @@ func benchmark(b *testing.B, name string, parallel bool) {
 
 func BenchmarkRawInsert(b *testing.B)   { benchmark(b, "raw", false) }
 func BenchmarkRawInsert8(b *testing.B)  { benchmark(b, "raw", true) }
+func BenchmarkTwoTx(b *testing.B)       { benchmark(b, "twotx", false) }
 func BenchmarkCheckpoint(b *testing.B)  { benchmark(b, "pgstore", false) }
 func BenchmarkCheckpoint8(b *testing.B) { benchmark(b, "pgstore", true) }
 func BenchmarkDBOSStep(b *testing.B)    { benchmark(b, "dbos", false) }

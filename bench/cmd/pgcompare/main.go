@@ -1,6 +1,7 @@
 // Command pgcompare measures what a durable checkpoint costs on PostgreSQL:
 // runstate's pgstore against a raw INSERT transaction and against a DBOS
-// Transact Go step, side by side on one server, in alternating rounds.
+// Transact Go step (and the floor of two raw transactions, twotx), side by
+// side on one server, in alternating rounds.
 //
 // Each round runs, in an order rotated by the round: every contender
 // sequentially (one goroutine), every contender on -goroutines goroutines
@@ -13,7 +14,7 @@
 //	cd bench && go run ./cmd/pgcompare -dsn 'postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'
 //
 // The DSN defaults to $RUNSTATE_PG_DSN. Everything is created in fresh
-// schemas (pgc_<time>, pgc_<time>_raw, pgc_<time>_dbos), dropped at the end
+// schemas (pgc_<time>, pgc_<time>_raw, pgc_<time>_twotx, pgc_<time>_dbos), dropped at the end
 // unless -keep.
 package main
 
@@ -504,13 +505,15 @@ func (b *bench) report(entries []*entry, took time.Duration) {
 	}
 	fmt.Printf("PostgreSQL %s (synchronous_commit=%s, fsync=%s); %d rounds × %d checkpoints per contender and mode, %s output files; took %.0fs; load average %s before, %s after\n\n",
 		b.server, b.syncCommit, b.fsync, b.rounds, b.ops, outputs, took.Seconds(), b.loadB, b.loadA)
-	var raw, dbos, pg *entry
+	var raw, dbos, pg, two *entry
 	for _, e := range entries {
 		switch e.info.name {
 		case "raw":
 			raw = e
 		case "dbos":
 			dbos = e
+		case "twotx":
+			two = e
 		case "pgstore":
 			pg = e
 		}
@@ -565,6 +568,11 @@ func (b *bench) report(entries []*entry, took time.Duration) {
 	if dbos != nil {
 		r = kit.MedianF(ratio(pg.seq.med, dbos.seq.med))
 		fmt.Printf("pgstore checkpoint %.2f × a DBOS Transact Go step (target ≤ 0.5: %s)\n", r, kit.Verdict(r <= 0.5))
+	}
+	if two != nil {
+		r = kit.MedianF(ratio(two.seq.med, raw.seq.med))
+		fmt.Printf("(two raw transactions, the least a checkpoint whose begin is seen before its work costs: %.2f × raw; pgstore %.2f × that)\n",
+			r, kit.MedianF(ratio(pg.seq.med, two.seq.med)))
 	}
 	r = kit.MedianF(divide(pg.conc.tput, pg.seq.tput))
 	fmt.Printf("pgstore %s on one run %.2f × sequential throughput (target ≥ 3: %s)\n", g, r, kit.Verdict(r >= 3))
