@@ -27,7 +27,8 @@ func readRecords(ctx context.Context, s Store, c *chain, apply func(*Record, []b
 		return cr.readChecked(c, apply)
 	}
 	p := replayer{path: s.String(), c: c, apply: apply}
-	return s.Read(ctx, c.position(0), p.line)
+	torn, err = s.Read(ctx, c.position(0), p.line)
+	return torn, corruptIn(s, err)
 }
 
 // loadStore reads the state of the run in s. The file store starts from
