@@ -108,7 +108,7 @@ func ReadStore(ctx context.Context, s Store, fn func(*Record) error) error {
 // is non-nil only when the records cannot be read at all or are in an
 // unknown format (ErrVersion); what is wrong is in Report.Problems.
 func VerifyStore(ctx context.Context, s Store, dir string) (*Report, error) {
-	rep := &Report{Dir: dir, Problems: []Problem{}}
+	rep := &Report{Dir: dir, Address: placeOf(s, dir).addr, Problems: []Problem{}}
 	st := newState()
 	var settled int64 // the last record that is not a begin: the handoff lags begins (handoffLag)
 	each := func(rec *Record, line []byte) error {
