@@ -352,15 +352,16 @@ func (c *chain) check(path string, rec *Record) error {
 // verifyAdvice is what a *CorruptError tells a person to run: Verify on
 // the run directory whose ledger (or journal) Path names, or on the
 // store's address (Run), by the absolute path or the address quoted for a
-// shell (dirArg), as the handoff names it; for a store that no command
-// reads, the function that verifies it.
+// shell (dirArg), as the handoff names it; where neither is known (a
+// store that no command reads, or an error that did not pass corruptIn),
+// the function that verifies any store.
 func (e *CorruptError) verifyAdvice() string {
 	run := e.Run
 	if run == "" {
 		run = runDirOf(e.Path)
 	}
 	if run == "" {
-		return "runstate.VerifyStore lists every problem (no runstate command reads this store)"
+		return "runstate.VerifyStore lists every problem"
 	}
 	return "runstate verify " + dirArg(run) + " lists every problem, runstate repair only cuts a torn tail"
 }
