@@ -127,3 +127,31 @@ func TestRepairAdviceNamesTheRunDirectory(t *testing.T) {
 	assert.Regexp(t, `with: runstate repair -truncate-at \d+ `+regexp.QuoteMeta(at)+` \(a copy`, err.Error())
 	assert.NotContains(t, err.Error(), " DIR")
 }
+
+// TestCorruptErrorNamesTheRunToVerify: the error for a damaged ledger
+// (a *CorruptError) tells a person to run 'runstate verify' on the run
+// directory, by its absolute path quoted for a shell, also when the run
+// was opened by a relative path, not on the placeholder DIR.
+func TestCorruptErrorNamesTheRunToVerify(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "my run")
+	r, err := runstate.Open(dir, &runstate.Options{Request: "advice"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(context.Background(), "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	lp := filepath.Join(dir, "logs", "ledger.jsonl")
+	good, err := os.ReadFile(lp)
+	require.NoError(t, err)
+	lines := bytes.SplitAfter(good, []byte("\n"))
+	lines[1] = bytes.Replace(lines[1], []byte(`"ev":"`), []byte(`"ev":"X`), 1)
+	require.NoError(t, os.WriteFile(lp, bytes.Join(lines, nil), 0o644))
+
+	t.Chdir(parent)
+	for _, at := range []string{dir, "my run"} {
+		_, err = runstate.Open(at, nil)
+		var ce *runstate.CorruptError
+		require.ErrorAs(t, err, &ce, at)
+		assert.Contains(t, err.Error(), "; runstate verify '"+dir+"' lists every problem, runstate repair only cuts a torn tail", at)
+		assert.NotContains(t, err.Error(), "DIR", at)
+	}
+}

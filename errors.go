@@ -112,13 +112,17 @@ type CorruptError struct {
 	Line   int    // 1-based line number; 0 when not known
 	Offset int64  // byte offset of the start of that line
 	Err    error  // what is wrong
+	// Run is the run as 'runstate verify' takes it, unquoted, for a store
+	// other than the file store: its Addresser.Address ("" for a store no
+	// command reads). For a run directory it is "": Path names it.
+	Run string
 }
 
 // Error names the file, the line and its byte offset, what is wrong, and
-// the command that reports every problem of the run.
+// the command that reports every problem of the run, on the run directory
+// (the absolute path) or the store's address, quoted for a shell.
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("runstate: %s line %d (byte %d): %v; run 'runstate verify DIR' for every problem, 'runstate repair' only cuts a torn tail",
-		e.Path, e.Line, e.Offset, e.Err)
+	return fmt.Sprintf("runstate: %s line %d (byte %d): %v; %s", e.Path, e.Line, e.Offset, e.Err, e.verifyAdvice())
 }
 
 // Unwrap returns ErrCorrupt and the underlying cause, so errors.Is works for

@@ -67,7 +67,11 @@ func (p Problem) String() string {
 
 // Report is the result of Verify: a plain value, safe to keep and share.
 type Report struct {
-	Dir      string    `json:"dir"`      // the run directory, as passed to Verify
+	Dir string `json:"dir"` // the run directory, as passed to Verify
+	// Address is the run as the commands in the Problems' Fixes name it,
+	// unquoted: the run directory's absolute path, or the store's
+	// Addresser.Address; "" for a store that no runstate command reads.
+	Address  string    `json:"address,omitempty"`
 	Records  int64     `json:"records"`  // records that passed the check
 	Bytes    int64     `json:"bytes"`    // ledger bytes that passed the check
 	Problems []Problem `json:"problems"` // empty when everything holds; never nil

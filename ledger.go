@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -345,4 +347,46 @@ func (c *chain) check(path string, rec *Record) error {
 		}
 	}
 	return nil
+}
+
+// verifyAdvice is what a *CorruptError tells a person to run: Verify on
+// the run directory whose ledger (or journal) Path names, or on the
+// store's address (Run), by the absolute path or the address quoted for a
+// shell (dirArg), as the handoff names it; where neither is known (a
+// store that no command reads, or an error that did not pass corruptIn),
+// the function that verifies any store.
+func (e *CorruptError) verifyAdvice() string {
+	run := e.Run
+	if run == "" {
+		run = runDirOf(e.Path)
+	}
+	if run == "" {
+		return "runstate.VerifyStore lists every problem"
+	}
+	return "runstate verify " + dirArg(run) + " lists every problem, runstate repair only cuts a torn tail"
+}
+
+// runDirOf is the run directory whose ledger or journal is the file at
+// path; "" when path is neither (a store's String).
+func runDirOf(path string) string {
+	slashed := filepath.ToSlash(path)
+	for _, f := range []string{ledgerFile, walFile} {
+		if slashed == f {
+			return "."
+		}
+		if dir, ok := strings.CutSuffix(slashed, "/"+f); ok {
+			return filepath.FromSlash(dir + "/")
+		}
+	}
+	return ""
+}
+
+// corruptIn names the run in s (its Addresser.Address) in a *CorruptError
+// that err holds, so that its advice runs Verify on the store's address.
+func corruptIn(s Store, err error) error {
+	var ce *CorruptError
+	if a, ok := s.(Addresser); ok && errors.As(err, &ce) && ce.Run == "" {
+		ce.Run = a.Address()
+	}
+	return err
 }

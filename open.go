@@ -118,7 +118,7 @@ func (r *Run) loadOpened(ctx context.Context, snap []byte, at Position) (*state,
 	}
 	p := replayer{path: r.store.String(), c: &st.pos, apply: st.replay}
 	if _, err := r.store.Read(ctx, at, p.line); err != nil {
-		return nil, err
+		return nil, corruptIn(r.store, err)
 	}
 	return st, nil
 }

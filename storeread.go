@@ -27,7 +27,8 @@ func readRecords(ctx context.Context, s Store, c *chain, apply func(*Record, []b
 		return cr.readChecked(c, apply)
 	}
 	p := replayer{path: s.String(), c: c, apply: apply}
-	return s.Read(ctx, c.position(0), p.line)
+	torn, err = s.Read(ctx, c.position(0), p.line)
+	return torn, corruptIn(s, err)
 }
 
 // loadStore reads the state of the run in s. The file store starts from
@@ -107,7 +108,7 @@ func ReadStore(ctx context.Context, s Store, fn func(*Record) error) error {
 // is non-nil only when the records cannot be read at all or are in an
 // unknown format (ErrVersion); what is wrong is in Report.Problems.
 func VerifyStore(ctx context.Context, s Store, dir string) (*Report, error) {
-	rep := &Report{Dir: dir, Problems: []Problem{}}
+	rep := &Report{Dir: dir, Address: placeOf(s, dir).addr, Problems: []Problem{}}
 	st := newState()
 	var settled int64 // the last record that is not a begin: the handoff lags begins (handoffLag)
 	each := func(rec *Record, line []byte) error {

@@ -32,9 +32,11 @@ With -blobs verify also reads those bytes back and rehashes them (one read
 of every distinct output: its cost grows with the bytes stored); a run
 directory's artifacts are rehashed always.
 
-With -json it prints one JSON object: {"dir", "records", "bytes",
+Each fix that names a command names the run as it was typed here. With -json
+it prints one JSON object: {"dir", "address", "records", "bytes",
 "problems": [{"file", "line", "offset", "what", "fix"}], "ok"}; records and
-bytes count the ledger that checked out.`,
+bytes count the ledger that checked out; the fixes name the run by its
+address (a directory's absolute path).`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -97,7 +99,7 @@ func (c *cli) verify(ctx context.Context, src Source, asJSON, blobs bool) int {
 		}
 		fmt.Fprintf(w, "problem: %s: %s\n", escape.Page(where), escape.Page(p.What))
 		if p.Fix != "" {
-			fmt.Fprintf(w, "    fix: %s\n", escape.Page(p.Fix))
+			fmt.Fprintf(w, "    fix: %s\n", escape.Page(asTyped(p.Fix, rep.Address, dir)))
 		}
 	}
 	fmt.Fprintf(w, "FAILED: %s: %d problem(s); %d ledger records (%d bytes) check out\n", escape.Text(dir), len(rep.Problems), rep.Records, rep.Bytes)

@@ -247,3 +247,59 @@ func TestStatusJSONActionsNameTheRunDirectory(t *testing.T) {
 	assert.Contains(t, res.out, "do: runstate approve "+quoteArg(rel)+" execute -by NAME -note TEXT", "as typed")
 	assert.Contains(t, res.out, "then: runstate resolve "+quoteArg(rel)+" ticket:1 -sent RECEIPT", "as typed")
 }
+
+// TestVerifyFixesNameTheRunAsTyped: verify's fixes (a torn tail, an
+// edited line, a projection that is gone) name the run as the user typed
+// it, a relative path too, not the absolute path the library's fixes
+// name it by; -json keeps the library's fixes and says that address.
+func TestVerifyFixesNameTheRunAsTyped(t *testing.T) {
+	dir := healthyRun(t)
+	appendTorn(t, dir)
+	require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	rel, err := filepath.Rel(wd, dir)
+	require.NoError(t, err)
+
+	res := readCLI(t, dir, "verify", rel)
+	assert.Equal(t, exitFail, res.code, res.err)
+	assert.Contains(t, res.out, "    fix: runstate repair "+quoteArg(rel)+" moves it aside", "a torn tail")
+	assert.Contains(t, res.out, "    fix: the next Open or runstate repair "+quoteArg(rel)+" rebuilds it", "manifest.json")
+	for _, line := range strings.Split(res.out, "\n") {
+		if strings.HasPrefix(line, "    fix: ") {
+			assert.NotContains(t, line, " "+quoteArg(dir), "the absolute path")
+		}
+	}
+	var v verifyJSON
+	res = readCLI(t, dir, "verify", "-json", rel)
+	require.NoError(t, json.Unmarshal([]byte(res.out), &v), res.out)
+	assert.Equal(t, dir, v.Address)
+	require.NotEmpty(t, v.Problems)
+	assert.Contains(t, v.Problems[0].Fix, "runstate repair "+quoteArg(dir)+" moves it aside")
+
+	dir = healthyRun(t)
+	n := lineOf(t, dir, `"ev":"complete","session"`)
+	editLine(t, dir, n, `"stage":"inspect"`, `"stage":"INSPECT"`)
+	rel, err = filepath.Rel(wd, dir)
+	require.NoError(t, err)
+	res = readCLI(t, dir, "verify", rel)
+	assert.Equal(t, exitFail, res.code, res.err)
+	assert.Contains(t, res.out, "with: runstate repair -truncate-at "+strconv.Itoa(n)+" "+quoteArg(rel)+" (a copy", "an edited line")
+}
+
+// TestAsTypedNamesEveryArgumentThatIsTheRun: the run's address is named
+// as typed wherever it is an argument, also before a comma or at the end
+// of the text (Verify's "the next Open, or runstate repair DIR, copies
+// them"), and nowhere it is only the start of a longer path.
+func TestAsTypedNamesEveryArgumentThatIsTheRun(t *testing.T) {
+	for text, want := range map[string]string{
+		"the next Open, or runstate repair /r/a, copies them": "the next Open, or runstate repair run, copies them",
+		"runstate repair /r/a moves it aside":                 "runstate repair run moves it aside",
+		"then: runstate status /r/a":                          "then: runstate status run",
+		"runstate verify /r/a; or (runstate log /r/a)":        "runstate verify run; or (runstate log run)",
+		"runstate repair /r/ab moves it aside":                "runstate repair /r/ab moves it aside",
+		"runstate repair /r/a/x":                              "runstate repair /r/a/x",
+	} {
+		assert.Equal(t, want, asTyped(text, "/r/a", "run"), text)
+	}
+}

@@ -292,14 +292,33 @@ func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 func quoteArg(s string) string { return escape.Arg(s) }
 
 // asTyped names the run as the user typed it (name) in the commands of
-// text (a Status Action, the advice of an error), where the library names
-// it addr (Status.Address: a directory's absolute path, a store's
-// address).
+// text (a Status Action, a Verify fix, the advice of an error), where the
+// library names it addr (Status.Address, Report.Address: a directory's
+// absolute path, a store's address): each argument that is addr quoted
+// for a shell, after a space and before a space, a comma, a semicolon, a
+// parenthesis or the end.
 func asTyped(text, addr, name string) string {
 	if addr == "" || addr == name {
 		return text
 	}
-	return strings.ReplaceAll(text, " "+quoteArg(addr)+" ", " "+quoteArg(name)+" ")
+	arg := " " + quoteArg(addr)
+	var b strings.Builder
+	for {
+		i := strings.Index(text, arg)
+		if i < 0 {
+			break
+		}
+		end := i + len(arg)
+		b.WriteString(text[:i])
+		if end == len(text) || strings.IndexByte(" ,;)", text[end]) >= 0 {
+			b.WriteString(" " + quoteArg(name))
+		} else {
+			b.WriteString(arg)
+		}
+		text = text[end:]
+	}
+	b.WriteString(text)
+	return b.String()
 }
 
 // writeJSON writes v as indented JSON, with every rune a terminal could

@@ -66,3 +66,35 @@ func TestAdviceNamesTheRunsAddress(t *testing.T) {
 		assert.NotContains(t, text, dir, "the working directory is not the run's address")
 	}
 }
+
+// TestCorruptErrorNamesTheRunsAddress: the error for a damaged record of
+// a PostgreSQL run (a *runstate.CorruptError, from DB.Inspect and from
+// DB.Open, which replays the records without a snapshot) tells a person to run 'runstate verify' on the run's address,
+// quoted for a shell, not on the placeholder DIR nor the working
+// directory.
+func TestCorruptErrorNamesTheRunsAddress(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "advice"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+	tag, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.records SET line = overlay(line placing 'X'::bytea from 20 for 1)
+		WHERE seq = 2 AND run_id = (SELECT id FROM {s}.runs WHERE name = 'r')`))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	_, err = db.pool.Exec(ctx, db.sql(`DELETE FROM {s}.projections`)) // Open replays every record
+	require.NoError(t, err)
+
+	want := "; runstate verify '" + db.Address("r") + "' lists every problem, runstate repair only cuts a torn tail"
+	_, inspectErr := db.Inspect(ctx, "r")
+	_, openErr := db.Open(ctx, "r", dir, nil)
+	for what, err := range map[string]error{"DB.Inspect": inspectErr, "DB.Open": openErr} {
+		var ce *runstate.CorruptError
+		require.ErrorAs(t, err, &ce, what)
+		assert.Contains(t, err.Error(), want, what)
+		assert.NotContains(t, err.Error(), "DIR", what)
+		assert.NotContains(t, err.Error(), dir, what)
+	}
+}
