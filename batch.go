@@ -47,6 +47,7 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 	r.stMu.Lock()
 	r.cur = b
 	if err := b.Tail(r.tailLine()); err != nil {
+		err = corruptIn(r.store, err)
 		r.cur = nil
 		r.stMu.Unlock()
 		_ = b.Abort()
@@ -421,6 +422,7 @@ func (r *Run) reload(start chain, startLen int64) {
 		st = newState()
 		p := replayer{path: r.store.String(), c: &st.pos, apply: st.replay}
 		_, err = r.store.Read(context.Background(), Position{}, p.line)
+		err = corruptIn(r.store, err)
 	}
 	if err != nil || st.pos != start {
 		if err == nil {
