@@ -196,9 +196,8 @@ func TestCommitCutUnresolvableIsReadOnlyAndOpenFindsTheOutcome(t *testing.T) {
 	f := newCutFixture(t)
 	ctx := context.Background()
 	st, session, at := f.open(t, f.db, false)
-	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommit, Match: []string{"cut-me"}})
 	f.proxy.Refuse(false)
-	go func() { <-a.Fired(); f.proxy.Refuse(true) }()
+	f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommit, Match: []string{"cut-me"}, Refuse: true})
 	_, err := markedBatch(ctx, st, at, session, "cut-me", 2, true)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, runstate.ErrReadOnly)
@@ -224,12 +223,11 @@ func TestCommitCutRerunRefusedWhenTheRunMoved(t *testing.T) {
 
 	// Cut before the COMMIT, and hold the re-run's connections back
 	// until the other writer has appended.
-	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"cut-me"}})
 	f.proxy.Refuse(false)
+	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"cut-me"}, Refuse: true})
 	moved := make(chan struct{})
 	go func() {
 		<-a.Fired()
-		f.proxy.Refuse(true)
 		_, err := markedBatch(ctx, otherStore, runstate.Position{}, otherSession, "other", 1, true)
 		assert.NoError(t, err)
 		f.proxy.Refuse(false)

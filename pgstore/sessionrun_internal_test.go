@@ -295,8 +295,8 @@ func TestRunLazyBeginCommitCutNotRerunStopsTheStage(t *testing.T) {
 	dir := t.TempDir()
 	a := f.openRunIn(t, f.db, dir, sessionOptions())
 	b := f.openRunIn(t, f.direct, t.TempDir(), sessionOptions())
-	armed := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{`"ev":"begin"`, `"stage":"cut-me"`}})
 	f.proxy.Refuse(false)
+	armed := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{`"ev":"begin"`, `"stage":"cut-me"`}, Refuse: true})
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
@@ -306,7 +306,7 @@ func TestRunLazyBeginCommitCutNotRerunStopsTheStage(t *testing.T) {
 			t.Error("the proxy did not cut the begin's batch")
 			return
 		}
-		f.proxy.Refuse(true) // the commit check cannot reach the server
+		// The proxy refuses the commit check since the cut (Refuse).
 		assert.NoError(t, b.Do(ctx, "other", func(context.Context, *runstate.Stage) error { return nil }))
 		f.proxy.Refuse(false)
 	}()

@@ -73,10 +73,14 @@ func (c Cut) String() string {
 // parameters (as they are, or hex-encoded as PostgreSQL's text form of
 // bytea spells them). A transaction starts at BEGIN and ends at COMMIT or
 // ROLLBACK; a client that never says BEGIN has one that runs until it
-// does. An empty Match matches every transaction.
+// does. An empty Match matches every transaction. With Refuse, the proxy
+// turns new connections away (as Refuse(true)) from the moment the rule
+// fires, before it cuts: the client's reconnection after the cut cannot
+// slip in before a test's own Refuse call.
 type Rule struct {
-	Cut   Cut
-	Match []string
+	Cut    Cut
+	Match  []string
+	Refuse bool
 }
 
 // Armed is a rule on the proxy. Fired is closed when the rule cut a
@@ -659,6 +663,9 @@ func (p *Proxy) take(a *Armed) bool {
 	for i, r := range p.rules {
 		if r == a {
 			p.rules = append(p.rules[:i], p.rules[i+1:]...)
+			if a.rule.Refuse {
+				p.refuse = true
+			}
 			return true
 		}
 	}

@@ -241,3 +241,22 @@ func TestRefuse(t *testing.T) {
 	c2.Close(ctx)
 	assert.True(t, strings.Contains(proxied, p.Addr()))
 }
+
+// A rule with Refuse turns new connections away from the moment it fires:
+// the cut connection's client cannot reconnect before the test says so.
+func TestRuleRefusesFromTheCut(t *testing.T) {
+	p, _, proxied, _ := fixture(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	a := p.Arm(pgproxy.Rule{Cut: pgproxy.OnMatch, Match: []string{"refuse-me"}, Refuse: true})
+	_, _ = c.Exec(ctx, "SELECT 'refuse-me'")
+	require.True(t, a.Wait(5*time.Second))
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := pgx.Connect(cctx, proxied)
+	assert.Error(t, err, "refused since the cut")
+	p.Refuse(false)
+	c2, err := pgx.Connect(ctx, proxied)
+	require.NoError(t, err)
+	c2.Close(ctx)
+}
