@@ -453,11 +453,17 @@ func (r *Run) rollBack(start chain, startLen int64) error {
 	if errors.Is(err, errRolledBack) {
 		err = nil
 	}
+	if err == nil && st.pos.seq < start.seq {
+		// Records this session saw (and may have acted on) are gone: a
+		// crash of the store lost its unflushed tail, as Lock finds it.
+		return fmt.Errorf("%w: %s ends at record %d, but this session read up to %d: records it saw are gone (a crash of the store lost records not yet durable, or a restore from backup); open the run again",
+			ErrSessionLost, r.store, st.pos.seq, start.seq)
+	}
 	if err == nil && st.pos != start {
 		err = fmt.Errorf("the store's record %d is not the one this session read", start.seq)
 	}
 	if err != nil {
-		return fmt.Errorf("runstate: roll back to record %d of %s after a conflict: %w", start.seq, r.store, err)
+		return fmt.Errorf("runstate: roll back to record %d of %s after a conflict: %w", start.seq, r.store, corruptIn(r.store, err))
 	}
 	st.lastLen = startLen
 	r.st = st

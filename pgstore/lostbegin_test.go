@@ -53,7 +53,25 @@ func (s *pgServer) crashNow(t testing.TB) {
 // never recorded complete on a ledger without its begin. A new Open in the
 // same working directory resumes the run: the stage begins again as
 // attempt 1 and completes; the ledger verifies.
+//
+// Twice: with the session's batches under the lock, and betting on the
+// head it knows (the Complete's batch is then a bet on a head the crash
+// took back: its roll-back finds the begin gone, ErrSessionLost too).
 func TestServerCrashLosingALazyBeginStopsItsSession(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		quiet int
+	}{{"locked", 1 << 30}, {"bet", 0}} {
+		t.Run(c.name, func(t *testing.T) {
+			old := minQuiet
+			minQuiet = c.quiet
+			defer func() { minQuiet = old }()
+			serverCrashLosingALazyBegin(t, c.quiet == 0)
+		})
+	}
+}
+
+func serverCrashLosingALazyBegin(t *testing.T, bet bool) {
 	srv := startServerWith(t, nil, nil, holdWAL)
 	ctx := context.Background()
 	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=lostbegin")
@@ -62,7 +80,8 @@ func TestServerCrashLosingALazyBeginStopsItsSession(t *testing.T) {
 	dir := t.TempDir()
 	opts := &runstate.Options{Request: "lost begin"}
 
-	run, err := db.Open(ctx, "run", dir, opts)
+	ps := db.Store("run").(*store)
+	run, err := runstate.OpenStore(ps, dir, opts)
 	require.NoError(t, err)
 	defer run.Close()
 	require.NoError(t, run.Do(ctx, "fetch", func(context.Context, *runstate.Stage) error { return nil }))
@@ -82,7 +101,30 @@ func TestServerCrashLosingALazyBeginStopsItsSession(t *testing.T) {
 		assert.True(t, bytes.Equal(synced[i], after[i]), "acknowledged record %d is there, byte for byte", i+1)
 	}
 
+	if bet {
+		// The Complete's batch bets once the session holds its lock
+		// again: on the head it knows, the begin the crash took back.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			ps.ses.mu.Lock()
+			held := ps.ses.conn != nil
+			ps.ses.mu.Unlock()
+			if held || time.Now().After(deadline) {
+				require.True(t, held, "the session holds its lock again after the restart")
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	ps.opt.mu.Lock()
+	bets0 := ps.opt.bets
+	ps.opt.mu.Unlock()
 	err = st.Complete()
+	if bet {
+		ps.opt.mu.Lock()
+		assert.Greater(t, ps.opt.bets, bets0, "the Complete's batch was a bet")
+		ps.opt.mu.Unlock()
+	}
 	require.Error(t, err, "the session goes on as if its lost begin were there")
 	assert.ErrorIs(t, err, runstate.ErrSessionLost)
 	select {

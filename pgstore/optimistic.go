@@ -38,8 +38,10 @@ import (
 // the time, and a lost one costs more than a Lock: a ROLLBACK, and the
 // Run's read of the records up to its position (runstate's rollBack).
 
-// minQuiet is the fewest quiet Locks in a row before a bet.
-const minQuiet = 2
+// minQuiet is the fewest quiet Locks in a row before a bet (a variable
+// for tests, which set it to 0 to make a session bet whenever it knows
+// the head).
+var minQuiet = 2
 
 // optimism is what the store knows of the run's head. Safe for concurrent
 // use.
