@@ -29,7 +29,11 @@ func init() {
 	})
 }
 
-func (c *raw) Open(ctx context.Context, cfg config) error {
+func (c *raw) Open(ctx context.Context, cfg config) error { return c.open(ctx, cfg, "_raw") }
+
+// open connects and creates the records table in the schema cfg.Schema +
+// suffix (raw's, and twotx's).
+func (c *raw) open(ctx context.Context, cfg config, suffix string) error {
 	pc, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
 		return err
@@ -38,7 +42,7 @@ func (c *raw) Open(ctx context.Context, cfg config) error {
 	if c.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return err
 	}
-	schema := pgx.Identifier{cfg.Schema + "_raw"}.Sanitize()
+	schema := pgx.Identifier{cfg.Schema + suffix}.Sanitize()
 	c.table = schema + ".records"
 	// Concurrent children may race to create it: a unique violation on
 	// the catalog means another one did.

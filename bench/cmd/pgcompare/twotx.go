@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate/bench/internal/kit"
 )
 
@@ -17,10 +15,7 @@ import (
 // INSERT, COMMIT), then the complete's in one of its own with
 // synchronous_commit on. No output file, no chain, no session: a floor
 // for the store, not a contender.
-type twoTx struct {
-	pool  *pgxpool.Pool
-	table string
-}
+type twoTx struct{ raw }
 
 func init() {
 	register(contenderInfo{
@@ -31,27 +26,7 @@ func init() {
 	})
 }
 
-func (c *twoTx) Open(ctx context.Context, cfg config) error {
-	pc, err := pgxpool.ParseConfig(cfg.DSN)
-	if err != nil {
-		return err
-	}
-	pc.MaxConns = int32(cfg.Conns)
-	if c.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
-		return err
-	}
-	schema := pgx.Identifier{cfg.Schema + "_twotx"}.Sanitize()
-	c.table = schema + ".records"
-	for _, q := range []string{
-		"CREATE SCHEMA IF NOT EXISTS " + schema,
-		"CREATE TABLE IF NOT EXISTS " + c.table + " (run text NOT NULL, seq bigint NOT NULL, line bytea NOT NULL, PRIMARY KEY (run, seq))",
-	} {
-		if _, err := c.pool.Exec(ctx, q); err != nil {
-			return fmt.Errorf("%s: %w", q, err)
-		}
-	}
-	return nil
-}
+func (c *twoTx) Open(ctx context.Context, cfg config) error { return c.open(ctx, cfg, "_twotx") }
 
 func (c *twoTx) Checkpoints(ctx context.Context, first, n int, lat []time.Duration) error {
 	q := "INSERT INTO " + c.table + " (run, seq, line) VALUES ('bench', $1, $2)"
@@ -72,10 +47,5 @@ func (c *twoTx) Checkpoints(ctx context.Context, first, n int, lat []time.Durati
 		}
 		lat[k] = time.Since(t0)
 	}
-	return nil
-}
-
-func (c *twoTx) Close() error {
-	c.pool.Close()
 	return nil
 }
