@@ -514,19 +514,15 @@ SELECT 1 / (SELECT count(*)::int FROM head)`
 // values as scalar parameters, so that neither pgx (array encoding) nor
 // the server (unnest) handles arrays for them.
 const (
-	appendOneSQL = `WITH ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-), head AS (
-  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
-  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
-)
-SELECT 1 / (SELECT count(*)::int FROM head)`
-	appendOneOutputSQL = `WITH ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+	appendOneSQL       = appendOneRecord + appendOneHead
+	appendOneOutputSQL = appendOneRecord + `
 ), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) VALUES ($1, $2, $15, $16, $17)
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) VALUES ($1, $2, $15, $16, $17)` + appendOneHead
+
+	appendOneRecord = `WITH ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+	appendOneHead = `
 ), head AS (
   UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
   WHERE id = $1 AND last_seq = $13 AND last_hash = $14 RETURNING 1
