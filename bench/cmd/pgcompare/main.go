@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -102,6 +103,7 @@ func main() {
 		names      = flag.String("contenders", "", "comma-separated contenders (default: all): "+strings.Join(contenderNames(), ", "))
 		keep       = flag.Bool("keep", false, "keep the schemas and the working directories")
 		child      = flag.String("child", "", "internal: run as a child process of the multi-process modes")
+		cpuprofile = flag.String("cpuprofile", "", "write the parent process's CPU profile to this file")
 	)
 	flag.BoolVar(&writeOutputs, "outputs", true, "pgstore and dbos checkpoints write their output file (false: the record alone)")
 	flag.Parse()
@@ -118,8 +120,19 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatalf("%v", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	b := &bench{dsn: *dsn, rounds: *rounds, ops: *ops, goroutines: *goroutines, procs: *procs, warmup: *warmup, keep: *keep}
 	if err := b.run(context.Background(), chosen); err != nil {
+		pprof.StopCPUProfile()
 		fatalf("%v", err)
 	}
 }
