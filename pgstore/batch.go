@@ -474,9 +474,11 @@ func (b *batch) Abort() error {
 }
 
 // rollback ends a transaction whose commit failed, best effort (a broken
-// connection is dropped by the pool at release).
+// connection is dropped by the pool at release). An optimistic batch's
+// failed commit needs none: its implicit transaction was rolled back at
+// the pipeline's Sync, and the connection is idle.
 func (b *batch) rollback() {
-	if b.conn == nil || b.conn.Conn().PgConn().IsClosed() {
+	if b.conn == nil || b.conn.Conn().PgConn().IsClosed() || b.conn.Conn().PgConn().TxStatus() == 'I' {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -555,37 +557,58 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 	}
 }
 
-// commitBatch builds the round trip that ends the transaction: the
-// queued records, their outputs and the head's compare-and-set, the
-// projection, [SET LOCAL synchronous_commit = off when lazy], COMMIT.
+// commitBatch builds the round trip that ends a locked batch's
+// transaction: the queued records, their outputs and the head's
+// compare-and-set, the projection, [SET LOCAL synchronous_commit = off
+// when lazy], COMMIT. (An optimistic batch's is betBatch's.)
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
-	db := b.s.db
 	var pb pgx.Batch
-	if !b.took {
-		b.inline, b.took = b.s.blobs.take(), true
-	}
-	b.s.blobs.queueInline(&pb, b.inline)
-	if n := len(b.rows.seq); n > 0 {
-		r, o := &b.rows, &b.outs
-		headHash, _ := hex.DecodeString(b.head.Hash)
-		switch {
-		case n == 1 && len(o.seq) == 0:
-			pb.Queue(db.sql(appendOneSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
-				b.to.End, b.to.LastLen, b.head.Seq, headHash)
-		case n == 1 && len(o.seq) == 1:
-			pb.Queue(db.sql(appendOneOutputSQL), b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
-				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0])
-		default:
-			pb.Queue(db.sql(appendSQL), b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash)
-		}
-	}
-	b.s.queuePublish(&pb, b.runID, false)
+	b.queueWrites(&pb, nil)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	}
 	pb.Queue("COMMIT")
 	return &pb
+}
+
+// queueWrites queues what a batch's commit writes: the small blobs it
+// carries (before the records that name them: the outputs' foreign key),
+// the records, their outputs and the head's compare-and-set in one
+// statement, and the projections due. bet is nil for a locked batch; for
+// an optimistic one, the bet's parameters (the session's lock key, lazy),
+// and the append statement is its bet form (optimistic.go), which also
+// locks the head row and probes the session's own lock.
+func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
+	db := b.s.db
+	if !b.took {
+		b.inline, b.took = b.s.blobs.take(), true
+	}
+	b.s.blobs.queueInline(pb, b.inline)
+	if n := len(b.rows.seq); n > 0 {
+		r, o := &b.rows, &b.outs
+		headHash, _ := hex.DecodeString(b.head.Hash)
+		var q string
+		var args []any
+		switch {
+		case n == 1 && len(o.seq) == 0:
+			q = appendOneSQL
+			args = []any{b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash}
+		case n == 1 && len(o.seq) == 1:
+			q = appendOneOutputSQL
+			args = []any{b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
+				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0]}
+		default:
+			q = appendSQL
+			args = []any{b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
+				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash}
+		}
+		if bet != nil {
+			q, args = betForm[q], append(args, bet...)
+		}
+		pb.Queue(db.sql(q), args...)
+	}
+	b.s.queuePublish(pb, b.runID, false)
 }
 
 // commit sends commitBatch in one round trip. A connection lost around
@@ -595,12 +618,14 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	if n > 0 && (lineHex(b.rows.hash[n-1]) != b.to.Hash || b.rows.seq[n-1] != b.to.Seq) {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
-	pb := b.commitBatch(lazy)
+	var pb *pgx.Batch
 	if b.opt {
 		var err error
-		if pb, err = b.betBatch(ctx, pb); pb == nil {
+		if pb, err = b.betBatch(ctx, lazy); pb == nil {
 			return err
 		}
+	} else {
+		pb = b.commitBatch(lazy)
 	}
 	err := b.conn.SendBatch(ctx, pb).Close()
 	switch {

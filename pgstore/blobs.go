@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -68,8 +70,13 @@ const insertOneBlobSQL = `WITH c AS (
 )
 INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $3, 1) ON CONFLICT DO NOTHING`
 
-// queueInline queues the inserts of small blobs into a batch's round trip.
+// queueInline queues the inserts of small blobs into a batch's round trip,
+// in the order of their hashes: an optimistic batch inserts its blobs
+// before it locks the head row (the outputs' foreign key needs them
+// first), so that two batches storing the same blobs could otherwise each
+// wait for the other's uncommitted insert of one (a deadlock).
 func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
+	slices.SortFunc(blobs, func(x, y inlineBlob) int { return bytes.Compare(x.sum, y.sum) })
 	switch len(blobs) {
 	case 0:
 		return

@@ -2,9 +2,9 @@ package pgstore
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,17 +15,26 @@ import (
 // Optimistic batches (runstate.Optimist): when the session's position is
 // still the run's head as this store last saw it (its own last commit, or
 // a Lock that found no other session's records), a batch skips Lock's
-// round trip. Its commit is one pipeline: BEGIN; betSQL, which locks the
-// head row NOWAIT only if it is still at the bet's position and probes
-// the session's own lock under that row lock (the self-fence Lock
-// probes); then the same statements as a locked batch's commit
-// (commitBatch: blobs, appendSQL, projections, [SET LOCAL
-// synchronous_commit = off], COMMIT). A head that moved, a head row
-// another session's batch holds, or a session whose own lock was
-// takeable, each fails betSQL and so the transaction, with nothing
-// written: Sync or Confirm return runstate.ErrConflict (or
-// ErrSessionLost for a session proven gone), and the committer decides the
-// batch again under Lock. The locked path's statements are untouched.
+// round trip. Its commit is one pipelined round trip with no BEGIN and no
+// COMMIT (betBatch): the small blobs it carries, then ONE append statement
+// (betForm), whose first CTE locks the head row NOWAIT only if it is still
+// at the bet's position and probes the session's own lock under that row
+// lock (the self-fence Lock probes) before the records, their outputs and
+// the head's compare-and-set, and which sets synchronous_commit off for
+// its transaction when the batch is lazy; then the projections. In the
+// extended protocol, the statements up to the pipeline's Sync (pgx sends
+// one, at the end of a Batch) are one implicit transaction, committed at
+// the Sync; a statement that fails makes the server skip the rest and roll
+// the transaction back there. A head that moved, a head row another
+// session's batch holds, or a session whose own lock was takeable, each
+// fails the append statement (22012, 55P03, 2201F) and so the
+// transaction, with nothing written: Sync or Confirm return
+// runstate.ErrConflict (or ErrSessionLost for a session proven gone), and
+// the committer decides the batch again under Lock. A connection lost
+// around the Sync leaves the outcome unknown as around a COMMIT, and is
+// resolved the same way (resolve.go: settle, a re-run under the lock).
+// The locked path's statements are untouched: its transaction spans round
+// trips, from Lock's BEGIN to the commit's COMMIT.
 //
 // The store bets only after Locks in a row have found no other
 // session's records: two at first (Open's and the first batch's: where
@@ -35,8 +44,9 @@ import (
 // each Lock that finds another session's records (up to 256); half as
 // many after each bet won.
 // Where several processes take turns on one run a bet would lose most of
-// the time, and a lost one costs more than a Lock: a ROLLBACK, and the
-// Run's read of the records up to its position (runstate's rollBack).
+// the time, and a lost one costs more than a Lock: its round trip (the
+// server rolled it back at the Sync: no ROLLBACK), and the Run's read of
+// the records up to its position (runstate's rollBack).
 
 // minQuiet is the fewest quiet Locks in a row before a bet (a variable
 // for tests, which set it to 0 to make a session bet whenever it knows
@@ -174,27 +184,90 @@ func (b betBatch) Confirm(ctx context.Context) error {
 
 var _ runstate.Optimist = (*store)(nil)
 
-// betSQL is an optimistic batch's first statement after BEGIN: it locks
-// the head row only if the row is still at the bet's position ($2, $3),
-// without waiting for another session's batch (NOWAIT: 55P03), and then,
-// under that row lock, probes the session's own lock ($4): takeable means
-// the session is gone. No row (the head moved) divides by zero (22012);
-// a takeable own lock takes the square root of -1 (2201F). Both failing
-// expressions depend on the row and on a volatile function, so that the
-// planner cannot fold them into an error at plan time.
-const betSQL = `SELECT 1 / count(*)::int, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($4) THEN -1 ELSE 1 END))
-FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $2 AND last_hash = $3 FOR NO KEY UPDATE NOWAIT) h`
+// The bet forms of the three append statements (appendOneSQL,
+// appendOneOutputSQL, appendSQL): the same statement with a first CTE, h,
+// that locks the head row only if it is still at the bet's position
+// ($P, $H), without waiting for another session's batch (NOWAIT: 55P03),
+// and then, above that row lock (an aggregate over the locked row),
+// probes the session's own lock ($K): takeable means the session is gone.
+// No row (the head moved) divides by zero (22012); a takeable own lock
+// takes the square root of -1 (2201F). Both failing expressions depend on
+// the row and on a volatile function, so that the planner cannot fold
+// them into an error at plan time. Every write of the statement selects
+// FROM h, referencing both columns (so that neither is left unevaluated),
+// and the head's compare-and-set runs only after h (its EXISTS is a
+// one-time filter: an InitPlan on h), so that nothing is written, and no
+// row lock waited for, before the bet's lock and fence. The statement
+// ends with set_config('synchronous_commit', 'off', true) when $L (a
+// lazy batch): local to the transaction, which the pipeline's Sync
+// commits. (SET LOCAL would do too, the implicit transaction lasting to
+// the Sync, but as a statement more, with a warning: outside a
+// transaction block.)
+var betForm = map[string]string{
+	appendOneSQL: betNumbered(betLock+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
+		"$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16"),
+	appendOneOutputSQL: betNumbered(betLock+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
+		"$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
+	appendSQL: betNumbered(betLock+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, u.* FROM h, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
+  WHERE h.moved = 1 AND h.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size)
+  SELECT $1, o.* FROM h, unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[]) o WHERE h.moved = 1 AND h.fence = 1
+), head AS (
+  UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
+  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 AND EXISTS (SELECT FROM h) RETURNING 1
+)
+`+betEnd, "$P", "$20", "$H", "$21", "$K", "$22", "$L", "$23"),
+}
 
-// betBatch makes an optimistic batch's commit round trip of pb (a locked
-// batch's, commitBatch): BEGIN and betSQL before it when it appends
-// records; BEGIN alone before a batch of projections only (the handoff
-// timer's flushes: newest seq wins, no proof of the head needed). It takes
-// the batch's connection from the pool. A nil batch: nothing to send
-// (nothing due), or err.
-func (b *batch) betBatch(ctx context.Context, pb *pgx.Batch) (*pgx.Batch, error) {
-	n := len(b.rows.seq)
-	if n == 0 && len(b.inline) == 0 && !hasPublish(pb) {
+const (
+	betLock = `WITH h AS (
+  SELECT 1 / count(*)::int AS moved, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END)) AS fence
+  FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $P AND last_hash = $H FOR NO KEY UPDATE NOWAIT) l
+), `
+	betHead = `
+), head AS (
+  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
+  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 AND EXISTS (SELECT FROM h) RETURNING 1
+)
+` + betEnd
+	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true) END`
+)
+
+// betNumbered puts the parameter numbers of one statement into the bet's
+// parts.
+func betNumbered(q string, oldnew ...string) string { return strings.NewReplacer(oldnew...).Replace(q) }
+
+// betLazySQL makes an optimistic batch without records (projections, or
+// blobs) commit with synchronous_commit off.
+const betLazySQL = `SELECT set_config('synchronous_commit', 'off', true)`
+
+// betBatch makes an optimistic batch's commit round trip: its writes
+// (queueWrites: the small blobs, the append statement's bet form, the
+// projections), with no BEGIN and no COMMIT: in the extended protocol the
+// statements up to the pipeline's one Sync are one implicit transaction,
+// committed at the Sync, or rolled back there when a statement failed
+// (the server skips the rest). A batch of projections only (the handoff
+// timer's flushes: newest seq wins, no proof of the head needed) has no
+// bet statement, and betLazySQL when lazy. It takes the batch's
+// connection from the pool. A nil batch: nothing to send (nothing due),
+// or err.
+func (b *batch) betBatch(ctx context.Context, lazy bool) (*pgx.Batch, error) {
+	var pb pgx.Batch
+	b.queueWrites(&pb, []any{b.ses.key, lazy})
+	if len(pb.QueuedQueries) == 0 {
 		return nil, nil // an optimistic batch with nothing to write: no transaction
+	}
+	if len(b.rows.seq) == 0 && lazy {
+		pb.Queue(betLazySQL)
 	}
 	if b.conn == nil {
 		conn, err := b.s.db.pool.Acquire(ctx)
@@ -204,23 +277,7 @@ func (b *batch) betBatch(ctx context.Context, pb *pgx.Batch) (*pgx.Batch, error)
 		}
 		b.conn = conn
 	}
-	head := []*pgx.QueuedQuery{{SQL: "BEGIN"}}
-	if n > 0 {
-		hash, _ := hex.DecodeString(b.head.Hash)
-		head = append(head, &pgx.QueuedQuery{SQL: b.s.db.sql(betSQL), Arguments: []any{b.runID, b.head.Seq, hash, b.ses.key}})
-	}
-	pb.QueuedQueries = append(head, pb.QueuedQueries...)
-	return pb, nil
-}
-
-// hasPublish reports whether pb carries more than SET LOCAL and COMMIT.
-func hasPublish(pb *pgx.Batch) bool {
-	for _, q := range pb.QueuedQueries {
-		if q.SQL != "COMMIT" && q.SQL != "SET LOCAL synchronous_commit = off" {
-			return true
-		}
-	}
-	return false
+	return &pb, nil
 }
 
 // lostBet is the error of an optimistic batch whose betSQL failed with

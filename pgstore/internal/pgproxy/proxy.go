@@ -10,7 +10,13 @@
 // It understands both ways a client sends COMMIT: a simple Query message
 // ("commit", as pgx's Tx.Commit sends it) and the extended protocol (Parse
 // of the statement, possibly long before under a cached name, then Bind
-// and Execute of a portal on it, as pgx sends statements of a Batch).
+// and Execute of a portal on it, as pgx sends statements of a Batch); and
+// the commit without one: statements executed through the extended
+// protocol outside a transaction block are one implicit transaction,
+// which the server commits at the pipeline's Sync (a pgx.Batch without
+// BEGIN), so such a Sync is a COMMIT to the rules. (The proxy assumes, as
+// pgx does, that the client waits for a Sync's ReadyForQuery before it
+// sends the next Sync.)
 //
 // A Proxy is safe for concurrent use. It holds no TLS: connect with
 // sslmode=disable (an SSLRequest is answered by the server and passed on;
@@ -41,8 +47,10 @@ const (
 	BeforeCommit Cut = iota + 1
 	// AfterCommit forwards the COMMIT and everything the client sends
 	// with it, then closes the connection when the server's
-	// CommandComplete "COMMIT" arrives, before forwarding it: the
-	// transaction is committed and the client never hears so.
+	// CommandComplete "COMMIT" arrives (for an implicit transaction: the
+	// Sync's ReadyForQuery, unless an error came before it), before
+	// forwarding it: the transaction is committed and the client never
+	// hears so.
 	AfterCommit
 	// AfterCommitSent forwards the COMMIT and closes the connection at
 	// once, without waiting for the server: whether the transaction
@@ -72,8 +80,8 @@ func (c Cut) String() string {
 // the transaction's statements (SQL text) or in the bytes of its
 // parameters (as they are, or hex-encoded as PostgreSQL's text form of
 // bytea spells them). A transaction starts at BEGIN and ends at COMMIT or
-// ROLLBACK; a client that never says BEGIN has one that runs until it
-// does. An empty Match matches every transaction. With Refuse, the proxy
+// ROLLBACK; outside BEGIN, one runs until a Sync (an implicit transaction)
+// or a simple Query that says BEGIN. An empty Match matches every transaction. With Refuse, the proxy
 // turns new connections away (as Refuse(true)) from the moment the rule
 // fires, before it cuts: the client's reconnection after the cut cannot
 // slip in before a test's own Refuse call.
@@ -299,6 +307,15 @@ type conn struct {
 	portals  map[string]string // portal name -> SQL
 	tx       bytes.Buffer      // the current transaction's SQL and parameter bytes
 	pending  *Armed            // AfterCommit: cut when the COMMIT's CommandComplete arrives
+	// The implicit transaction: block is true from an executed BEGIN to
+	// its COMMIT or ROLLBACK; ran, an Execute outside a block since the
+	// last Sync; pendingSync, an AfterCommit on a Sync that commits one,
+	// cut at the Sync's ReadyForQuery unless failed (an ErrorResponse
+	// since the last ReadyForQuery: the server rolled it back).
+	block       bool
+	ran         bool
+	pendingSync *Armed
+	failed      bool
 }
 
 func (c *conn) info() Conn {
@@ -525,6 +542,20 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 			c.tx.WriteString(run)
 			c.tx.WriteByte(0)
 		}
+		// commits: this message commits a transaction (a COMMIT, or the
+		// Sync of an implicit one).
+		commits := executes && isCommit(run)
+		switch {
+		case executes && isBegin(run):
+			c.block = true
+		case executes && (isCommit(run) || isRollback(run)):
+			c.block = false
+		case typ == 'E' && !c.block:
+			c.ran = true
+		case typ == 'S':
+			commits = !c.block && c.ran
+			c.ran = false
+		}
 		var cutNow, after, afterSent *Armed
 		for _, a := range rules {
 			if !c.matchesLocked(a.rule.Match) {
@@ -533,21 +564,23 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 			switch {
 			case a.rule.Cut == OnMatch:
 				cutNow = a
-			case a.rule.Cut == BeforeCommit && executes && isCommit(run):
+			case a.rule.Cut == BeforeCommit && commits:
 				cutNow = a
-			case a.rule.Cut == AfterCommit && executes && isCommit(run) && c.pending == nil:
+			case a.rule.Cut == AfterCommit && commits && c.pending == nil && c.pendingSync == nil:
 				after = a
-			case a.rule.Cut == AfterCommitSent && executes && isCommit(run):
+			case a.rule.Cut == AfterCommitSent && commits:
 				afterSent = a
 			}
 			if cutNow != nil || after != nil || afterSent != nil {
 				break
 			}
 		}
-		if after != nil {
+		if after != nil && typ == 'S' {
+			c.pendingSync = after
+		} else if after != nil {
 			c.pending = after
 		}
-		if executes && (isCommit(run) || isRollback(run)) {
+		if executes && (isCommit(run) || isRollback(run)) || typ == 'S' && !c.block {
 			c.tx.Reset()
 		}
 		c.mu.Unlock()
@@ -561,7 +594,7 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 		}
 		if after != nil && !c.p.take(after) {
 			c.mu.Lock()
-			c.pending = nil
+			c.pending, c.pendingSync = nil, nil
 			c.mu.Unlock()
 		}
 		if err := writeMsg(w, typ, body); err != nil {
@@ -573,7 +606,7 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 			}
 			if c.p.take(afterSent) {
 				afterSent.fire(c.id)
-				c.cut(fmt.Sprintf("rule %s %q: COMMIT forwarded", afterSent.rule.Cut, afterSent.rule.Match))
+				c.cut(fmt.Sprintf("rule %s %q: COMMIT (message %q) forwarded", afterSent.rule.Cut, afterSent.rule.Match, typ))
 				return
 			}
 		}
@@ -590,7 +623,8 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 }
 
 // fromServer forwards the server's messages; a pending AfterCommit cut
-// fires on the COMMIT's CommandComplete.
+// fires on the COMMIT's CommandComplete, or on the ReadyForQuery of an
+// implicit transaction's Sync that no ErrorResponse came before.
 func (c *conn) fromServer(sr *bufio.Reader) {
 	defer c.cut("server side ended")
 	w := bufio.NewWriterSize(c.client, 64<<10)
@@ -601,6 +635,24 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 			return
 		}
 		c.mu.Lock()
+		var rearm *Armed
+		switch typ {
+		case 'E':
+			c.failed = true
+		case 'Z':
+			if ps := c.pendingSync; ps != nil {
+				c.pendingSync = nil
+				if c.failed {
+					rearm = ps // rolled back at the Sync: the rule did not fire
+				} else {
+					c.mu.Unlock()
+					ps.fire(c.id)
+					c.cut(fmt.Sprintf("rule %s %q: ReadyForQuery of the implicit transaction's Sync not forwarded", ps.rule.Cut, ps.rule.Match))
+					return
+				}
+			}
+			c.failed = false
+		}
 		pending := c.pending
 		if pending != nil {
 			switch typ {
@@ -621,6 +673,9 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 			}
 		}
 		c.mu.Unlock()
+		if rearm != nil {
+			c.p.rearm(rearm)
+		}
 		if pending != nil {
 			pending.fire(c.id)
 			c.cut(fmt.Sprintf("rule %s %q: CommandComplete COMMIT not forwarded", pending.rule.Cut, pending.rule.Match))

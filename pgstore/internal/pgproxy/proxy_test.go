@@ -96,7 +96,8 @@ func count(t *testing.T, dsn, table, k string) int {
 // (pgx's Begin/Exec/Commit: simple-protocol BEGIN and COMMIT, the insert
 // prepared) or "batch" (BEGIN, the insert and COMMIT in one pipelined
 // pgx.Batch, each statement through the extended protocol and the
-// statement cache).
+// statement cache) or "implicit" (the insert alone in a pgx.Batch: an
+// implicit transaction, committed at the pipeline's Sync).
 func insert(ctx context.Context, c *pgx.Conn, style, table, k string, v []byte) error {
 	q := "INSERT INTO " + table + " (k, v) VALUES ($1, $2)"
 	switch style {
@@ -116,15 +117,20 @@ func insert(ctx context.Context, c *pgx.Conn, style, table, k string, v []byte) 
 		b.Queue(q, k, v)
 		b.Queue("COMMIT")
 		return c.SendBatch(ctx, b).Close()
+	case "implicit":
+		b := &pgx.Batch{}
+		b.Queue(q, k, v)
+		return c.SendBatch(ctx, b).Close()
 	}
 	panic(style)
 }
 
 // The proxy cuts before the COMMIT (not committed) and after it (committed,
 // the client gets an error), for COMMIT sent either way pgx sends it; a
-// rule with a Match fires only on the transaction that carries it.
+// rule with a Match fires only on the transaction that carries it. An
+// implicit transaction's commit is its Sync.
 func TestCutAroundCommit(t *testing.T) {
-	for _, style := range []string{"tx", "batch"} {
+	for _, style := range []string{"tx", "batch", "implicit"} {
 		for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit} {
 			t.Run(style+"/"+cut.String(), func(t *testing.T) {
 				p, direct, proxied, table := fixture(t)
@@ -159,6 +165,31 @@ func TestCutAroundCommit(t *testing.T) {
 			})
 		}
 	}
+}
+
+// An implicit transaction that the server rolled back at its Sync (a
+// statement failed) is no commit: an AfterCommit rule does not fire on it
+// and stays armed, and fires on the next one that commits; an implicit
+// transaction ends at its Sync, so the next one matches on its own
+// statements only.
+func TestImplicitTransactionThatFailedIsNoCommit(t *testing.T) {
+	p, direct, proxied, table := fixture(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	require.NoError(t, insert(ctx, c, "implicit", table, "dup", nil))
+	require.NoError(t, insert(ctx, c, "implicit", table, "warm", nil))
+	a := p.Arm(pgproxy.Rule{Cut: pgproxy.AfterCommit, Match: []string{"marker-7"}})
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, insert(ctx, c, "implicit", table, "dup", []byte("marker-7")), &pgErr, "a duplicate key: the server's error, no cut")
+	select {
+	case <-a.Fired():
+		t.Fatal("the rule fired on a transaction the server rolled back")
+	default:
+	}
+	require.NoError(t, insert(ctx, c, "implicit", table, "plain", nil), "the failed transaction's marker does not carry over")
+	require.Error(t, insert(ctx, c, "implicit", table, "cut", []byte("marker-7")))
+	assert.True(t, a.Wait(time.Second), "the rule did not fire on the next commit; log %q", p.Log())
+	assert.Equal(t, 1, count(t, direct, table, "cut"), "committed before the cut")
 }
 
 // Text-format parameters (bytea spelled as hex) match too.
