@@ -137,6 +137,17 @@ func onlyBegins(recs []*Record) bool {
 	return true
 }
 
+// closing reports whether batch has Close's transaction (the close
+// record), whose batch publishes the final projections.
+func closing(batch []*tx) bool {
+	for _, t := range batch {
+		if t.last {
+			return true
+		}
+	}
+	return false
+}
+
 // onlyFlushes reports whether batch is the handoff lag timer's
 // transactions alone, which decide nothing: an optimistic batch of them
 // needs no Confirm (it publishes the handoff at Unlock, newest seq wins).
@@ -263,8 +274,8 @@ func (r *Run) apply(batch []*tx, b Batch) {
 		}
 	}
 	if !w.wrote {
-		if w.flush && c.lag.behind {
-			r.writeNextSteps(b)
+		var d dues
+		if w.flush && c.lag.behind && r.publishHandoff(b, &d) {
 			c.lag.flushes.Add(1)
 		}
 		return
@@ -298,9 +309,13 @@ func (r *Run) apply(batch []*tx, b Batch) {
 		failAll(err)
 		return
 	}
-	if w.publish || len(c.sideHeld) > 0 || (w.flush && c.lag.behind) {
-		r.writeNextSteps(b)
-	} else {
+	var d dues
+	switch {
+	case len(c.sideHeld) > 0 || closing(ok):
+		r.writeNextSteps(b) // whatever the store's pace: see Pacer
+	case w.publish || (w.flush && c.lag.behind):
+		r.publishHandoff(b, &d)
+	default:
 		c.lag.behind = true
 		r.flushHandoffLater()
 	}
@@ -308,7 +323,7 @@ func (r *Run) apply(batch []*tx, b Batch) {
 		failAll(err)
 		return
 	}
-	if r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.manifestInterval() {
+	if (r.opts.ManifestInterval < 0 || time.Since(r.manifestAt()) >= r.manifestInterval()) && r.due(&d).manifest {
 		r.writeManifest(b)
 	}
 	r.notes.durable()

@@ -353,37 +353,7 @@ func TestManifestEncode(t *testing.T) {
 // sets fields by name, would not notice (and a resume from the manifest
 // would silently lose it).
 func TestManifestEncodeEveryField(t *testing.T) {
-	var fill func(v reflect.Value, path string)
-	fill = func(v reflect.Value, path string) {
-		switch v.Kind() {
-		case reflect.String:
-			v.SetString(path + " <&>\u2028")
-		case reflect.Int, reflect.Int64:
-			v.SetInt(int64(len(path)))
-		case reflect.Bool:
-			v.SetBool(true)
-		case reflect.Map:
-			v.Set(reflect.MakeMap(v.Type()))
-			k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
-			fill(k, path+".key")
-			fill(e, path+".value")
-			v.SetMapIndex(k, e)
-		case reflect.Slice:
-			v.Set(reflect.MakeSlice(v.Type(), 2, 2))
-			fill(v.Index(0), path+"[0]")
-			fill(v.Index(1), path+"[1]")
-		case reflect.Struct:
-			if v.Type() == reflect.TypeFor[time.Time]() {
-				v.Set(reflect.ValueOf(time.Unix(1700000000, int64(len(path))).UTC()))
-				return
-			}
-			for i := range v.NumField() {
-				fill(v.Field(i), path+"."+v.Type().Field(i).Name)
-			}
-		default:
-			t.Fatalf("%s: a %s: teach this test (and appendStage) that kind", path, v.Kind())
-		}
-	}
+	fill := func(v reflect.Value, path string) { fillEveryField(t, v, path) }
 	var st StageStatus
 	var a Artifact
 	fill(reflect.ValueOf(&st).Elem(), "stage")
@@ -425,4 +395,42 @@ func FuzzDecodeManifestFast(f *testing.F) {
 		require.Equal(t, berr == nil, aerr == nil)
 		require.Equal(t, string(b), string(a), "the fast path read something else")
 	})
+}
+
+// fillEveryField sets every field of v (reflect.ValueOf(&x).Elem()),
+// recursively, to a value that is not zero and names its path: strings
+// with characters to escape, two elements in a slice, one entry in a map,
+// a time in 2023. It fails t on a kind it does not know, so that a field
+// added to a type that a test encodes by hand cannot go unnoticed.
+func fillEveryField(t *testing.T, v reflect.Value, path string) {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(path + " <&>\u2028")
+	case reflect.Int, reflect.Int64:
+		v.SetInt(int64(len(path)))
+	case reflect.Uint8:
+		v.SetUint(uint64(len(path)))
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fillEveryField(t, k, path+".key")
+		fillEveryField(t, e, path+".value")
+		v.SetMapIndex(k, e)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
+		fillEveryField(t, v.Index(0), path+"[0]")
+		fillEveryField(t, v.Index(1), path+"[1]")
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[time.Time]() {
+			v.Set(reflect.ValueOf(time.Unix(1700000000, int64(len(path))).UTC()))
+			return
+		}
+		for i := range v.NumField() {
+			fillEveryField(t, v.Field(i), path+"."+v.Type().Field(i).Name)
+		}
+	default:
+		t.Fatalf("%s: a %s: teach this test (and the encoder it checks) that kind", path, v.Kind())
+	}
 }

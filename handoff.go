@@ -17,7 +17,9 @@ import (
 // republishes it, which halves the handoff rewrites of a short stage. A
 // stage that runs longer than this shows as running: a timer republishes
 // the handoff then. Every other record is in the handoff when the call
-// that appended it returns.
+// that appended it returns, but in a store that paces its projections
+// (Pacer): the timer then asks it again every handoffLag until it would
+// write one.
 const handoffLag = 50 * time.Millisecond
 
 // handoffTimer keeps the handoff's lag behind begin records. behind: the
@@ -38,6 +40,37 @@ type handoffTimer struct {
 func (r *Run) writeNextSteps(b Batch) {
 	r.c.lag.behind = false
 	b.Publish(r.st.position(), nil, []byte(r.st.nextStepsIn(r.where)))
+}
+
+// dues is what the store would write if a batch published it now
+// (Pacer.PublishDue), asked at most once a batch (due), and only when the
+// batch has a projection to render.
+type dues struct{ asked, manifest, handoff bool }
+
+// due asks the store what it would write now, once: a store that is no
+// Pacer writes everything it is given.
+func (r *Run) due(d *dues) *dues {
+	if !d.asked {
+		d.asked, d.manifest, d.handoff = true, true, true
+		if r.pacer != nil {
+			d.manifest, d.handoff = r.pacer.PublishDue()
+		}
+	}
+	return d
+}
+
+// publishHandoff publishes the handoff when the store would write it now
+// (due), and reports whether it did; otherwise the handoff lags, and the
+// handoff timer asks again handoffLag from now. The caller holds the
+// run's lock and stMu.
+func (r *Run) publishHandoff(b Batch, d *dues) bool {
+	if r.due(d).handoff {
+		r.writeNextSteps(b)
+		return true
+	}
+	r.c.lag.behind = true
+	r.flushHandoffLater()
+	return false
 }
 
 // flushHandoffLater arms the timer that republishes the handoff when it

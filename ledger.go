@@ -81,6 +81,18 @@ type Output struct {
 func appendRecord(buf *bytes.Buffer, r *Record) error {
 	r.Error, r.Reason, r.Note, r.By = cutText(r.Error), cutText(r.Reason), cutText(r.Note), cutText(r.By)
 	start := buf.Len()
+	if encodeRecord(buf, r) {
+		return nil
+	}
+	buf.Truncate(start)
+	return appendRecordJSON(buf, r)
+}
+
+// appendRecordJSON is appendRecord by encoding/json, after cutText: the
+// bytes encodeRecord writes by hand, and the errors of a record that it
+// cannot write.
+func appendRecordJSON(buf *bytes.Buffer, r *Record) error {
+	start := buf.Len()
 	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(r); err != nil { // Encode writes the trailing '\n'

@@ -111,6 +111,7 @@ type Run struct {
 	host    string // this machine's name, as the open record gives it
 
 	store Store    // where the records live (store.go; the file store: store_file.go)
+	pacer Pacer    // store, when it paces the projections' writes (store.go), else nil
 	out   *outputs // the local directory: stages' outputs (outputs.go)
 
 	// stMu guards st and cur. The leader holds it for a whole batch but
@@ -185,6 +186,7 @@ func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	r.pacer, _ = s.(Pacer)
 	r.c.policy.init()
 	if err := r.open(); err != nil {
 		r.out.close()

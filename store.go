@@ -272,6 +272,38 @@ type SideWriter interface {
 	AppendWhileSyncing(recs []*Record, lines []byte, to Position) error
 }
 
+// Pacer is a Store that writes the projections (Batch.Publish) on a pace
+// of its own rather than at every Publish, keeping only the newest of
+// each given meanwhile: pgstore writes the handoff into the database at
+// most once a second and into a working directory's views at most every
+// 50 ms. Rendering a projection costs the Run CPU under the run's lock
+// (the handoff is O(running stages), the manifest O(stages)), so the Run
+// asks first and renders only those the store would write now. A
+// handoff it skips is not lost: the Run's handoff timer (the one that
+// republishes a handoff lagging by begins, handoffLag) runs a batch of
+// its own that appends nothing, asks again, and renders the newest
+// handoff once the store says it is due; a skipped manifest is rendered
+// by a later batch. The close record's batch renders both whatever the
+// store says, so a clean Close publishes the final state.
+//
+// The file store is no Pacer: its logs/next-steps.txt is replaced after
+// every batch that appends a record other than a begin, before the call
+// returns (DESIGN.md: current even if the process dies the next instant),
+// and its manifest.json every Options.ManifestInterval. Nothing is
+// durable through this interface: projections stay best effort, and a
+// reader renders the exact handoff from the records anyway.
+type Pacer interface {
+	// PublishDue reports whether the store would write a manifest and a
+	// handoff that Publish gave it now; the Run renders only those (a
+	// manifest also only once Options.ManifestInterval has passed). A
+	// store that writes what it keeps on a timer of its own must write
+	// the newest it was given within its pace, also when no batch comes.
+	// The Run calls it after a batch's records are durable and before its
+	// Publish, with the run's lock held (or in an optimistic batch), from
+	// one goroutine at a time; it must not block.
+	PublishDue() (manifest, handoff bool)
+}
+
 // Blobs keeps outputs' bytes by their hex SHA-256, for a store that spans
 // machines (Store.Blobs). Its methods are safe for concurrent use.
 type Blobs interface {

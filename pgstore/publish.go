@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 )
 
@@ -23,7 +25,12 @@ import (
 const handoffEvery = time.Second
 
 // published holds the projections a session was given and has not
-// written yet (Batch.Publish), the newest of each. Safe for concurrent use.
+// written yet (Batch.Publish), the newest of each. They go into the
+// database with the next batch's commit (queuePublish), or, when no batch
+// commits them in time (an idle session), by a transaction of their own
+// (writeKept): the handoff within viewsEvery after it is due
+// (handoffEvery after its last write), a manifest as soon. Safe for
+// concurrent use.
 type published struct {
 	mu       sync.Mutex
 	manifest *projection
@@ -33,6 +40,16 @@ type published struct {
 	// directory too; last are the newest given before, for it to begin with.
 	views                  *views
 	lastManifest, lastHand *projection
+
+	given time.Time // the last handoff given: the views' pace (due)
+	gave  int       // handoffs given (tests)
+	// write, once set (DB.Store), writes what is kept in a transaction of
+	// its own (store.writeKept); idle, when armed, calls it; closed: no
+	// more (close); idling: a call under way.
+	write  func()
+	idle   *time.Timer
+	closed bool
+	idling sync.WaitGroup
 }
 
 type projection struct {
@@ -45,12 +62,97 @@ func (p *published) keep(at runstate.Position, manifest, handoff []byte) {
 	defer p.mu.Unlock()
 	p.manifest = newest(p.manifest, at, manifest)
 	p.handoff = newest(p.handoff, at, handoff)
+	if handoff != nil {
+		p.given = time.Now()
+		p.gave++
+	}
+	p.armLocked()
 	if p.views != nil {
 		p.views.keep(at, manifest, handoff)
 		return
 	}
 	p.lastManifest = newest(p.lastManifest, at, manifest)
 	p.lastHand = newest(p.lastHand, at, handoff)
+}
+
+// armLocked arms the write of what is kept when no batch's commit takes
+// it first: viewsEvery after the handoff is due (handoffEvery after its
+// last write), so that a busy session's commits take it first. The caller
+// holds mu.
+func (p *published) armLocked() {
+	if p.write == nil || p.closed || p.idle != nil || (p.manifest == nil && p.handoff == nil) {
+		return
+	}
+	p.idling.Add(1)
+	p.idle = time.AfterFunc(viewsEvery+max(0, handoffEvery-time.Since(p.wrote)), func() {
+		defer p.idling.Done()
+		p.mu.Lock()
+		p.idle = nil
+		closed := p.closed
+		p.mu.Unlock()
+		if !closed {
+			p.write()
+		}
+		p.mu.Lock()
+		p.armLocked() // a handoff not due yet: when it is
+		p.mu.Unlock()
+	})
+}
+
+// due reports whether a handoff given now would be written soon: the
+// database writes one at most every handoffEvery, the working directory's
+// views at most every viewsEvery (PublishDue).
+func (p *published) due(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return now.Sub(p.wrote) >= handoffEvery || p.views != nil && now.Sub(p.given) >= viewsEvery
+}
+
+// close ends the writes of its own (a clean Close writes what is left:
+// store.Close) and the working directory's views (their last write when
+// clean), waiting for a write under way.
+func (p *published) close(clean bool) {
+	p.mu.Lock()
+	p.closed = true
+	if p.idle != nil && p.idle.Stop() {
+		p.idling.Done()
+	}
+	p.idle = nil
+	v := p.views
+	p.mu.Unlock()
+	p.idling.Wait()
+	v.close(clean)
+}
+
+// PublishDue is runstate.Pacer: the Run renders the handoff only when a
+// write of it is due (published.due), so that a session that completes a
+// stage a millisecond renders it about twenty times a second, not a
+// thousand; every manifest is written (the Run gives one every
+// Options.ManifestInterval: DESIGN-pg.md §9). Safe for concurrent use.
+func (s *store) PublishDue() (manifest, handoff bool) {
+	return true, s.pub.due(time.Now())
+}
+
+var _ runstate.Pacer = (*store)(nil)
+
+// writeKept writes the projections kept and due (all: every one kept) in
+// a transaction of their own, with synchronous_commit off, best effort
+// (newest seq wins: it takes no run lock): the idle write
+// (published.armLocked), and a clean Close's.
+func (s *store) writeKept(all bool) {
+	s.mu.Lock()
+	runID := s.runID
+	s.mu.Unlock()
+	var pb pgx.Batch
+	pb.Queue("BEGIN")
+	pb.Queue("SET LOCAL synchronous_commit = off")
+	s.queuePublish(&pb, runID, all)
+	pb.Queue("COMMIT")
+	if pb.Len() > 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = s.db.pool.SendBatch(ctx, &pb).Close()
+		cancel()
+	}
 }
 
 // ViewWorkDir starts the working directory's views (runstate.WorkDirViewer):

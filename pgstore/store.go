@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,6 +38,7 @@ type store struct {
 func (db *DB) Store(run string) runstate.Store {
 	s := &store{db: db, name: run}
 	s.blobs = &blobStore{db: db, s: s}
+	s.pub.write = func() { s.writeKept(false) } // publish.go
 	return s
 }
 
@@ -200,24 +200,13 @@ func (s *store) Blobs() runstate.Blobs { return s.blobs }
 // Close ends the session: clean, its lock released and its row removed;
 // otherwise as a killed process would. Close is idempotent.
 func (s *store) Close(clean bool) error {
-	s.pub.views.close(clean) // the working directory's last view (publish.go)
+	s.pub.close(clean) // the working directory's last view, the idle writes (publish.go)
 	s.mu.Lock()
 	ses := s.ses
 	s.ses = nil
-	runID := s.runID
 	s.mu.Unlock()
 	if ses != nil && clean {
-		// The projections kept for the next batch: there is none now.
-		var pb pgx.Batch
-		pb.Queue("BEGIN")
-		pb.Queue("SET LOCAL synchronous_commit = off")
-		s.queuePublish(&pb, runID, true)
-		pb.Queue("COMMIT")
-		if pb.Len() > 4 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = s.db.pool.SendBatch(ctx, &pb).Close()
-			cancel()
-		}
+		s.writeKept(true) // the projections kept for the next batch: there is none now
 	}
 	if ses != nil {
 		ses.close(clean)

@@ -268,3 +268,54 @@ func TestOpenStoreRefusesAnotherRequestNamingTheRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "first", st.Request)
 }
+
+// TestBusySessionRendersTheHandoffAtItsPace: a session that completes
+// stages faster than its projections are written renders the handoff
+// about once per viewsEvery, not once per complete (runstate.Pacer);
+// once it goes idle, with no batch after, the database's projections row
+// and the working directory's logs/next-steps.txt both show its newest
+// state; and a clean Close leaves the final state in both.
+func TestBusySessionRendersTheHandoffAtItsPace(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	st := db.Store("r").(*store)
+	r, err := runstate.OpenStore(st, dir, &runstate.Options{Request: "pace"})
+	require.NoError(t, err)
+	defer r.Close()
+	gave := func() int {
+		st.pub.mu.Lock()
+		defer st.pub.mu.Unlock()
+		return st.pub.gave
+	}
+	rowHandoff := func() string {
+		var handoff string
+		_ = db.pool.QueryRow(ctx, db.sql(`SELECT handoff FROM {s}.projections WHERE run_id = $1`), st.runID).Scan(&handoff)
+		return handoff
+	}
+
+	const n = 100
+	before, start := gave(), time.Now()
+	for i := range n {
+		require.NoError(t, r.Do(ctx, fmt.Sprintf("s%d", i), func(context.Context, *runstate.Stage) error { return nil }))
+	}
+	elapsed, renders := time.Since(start), gave()-before
+	t.Logf("%d completes in %v: %d handoffs rendered", n, elapsed, renders)
+	assert.LessOrEqual(t, renders, int(elapsed/viewsEvery)+2, "at most one handoff per viewsEvery (and one at the first complete)")
+
+	want, err := r.NextSteps()
+	require.NoError(t, err)
+	require.Contains(t, want, fmt.Sprintf("s%d complete", n-1))
+	deadline := time.Now().Add(handoffEvery + 10*time.Second) // on a loaded machine
+	for time.Now().Before(deadline) && (rowHandoff() != want || readView(t, dir, viewHandoff) != want) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.Equal(t, want, rowHandoff(), "the database's handoff catches up with an idle session")
+	assert.Equal(t, want, readView(t, dir, viewHandoff), "the working directory's handoff catches up with an idle session")
+
+	require.NoError(t, r.Close())
+	final, err := db.NextSteps(ctx, "r")
+	require.NoError(t, err)
+	assert.Equal(t, final, rowHandoff(), "a clean Close leaves the final handoff in the database")
+	assert.Equal(t, final, readView(t, dir, viewHandoff), "and in the working directory")
+}
