@@ -240,21 +240,31 @@ func (r *Run) writeBatch(batch []*tx, b Batch, side bool) written {
 func (r *Run) apply(batch []*tx, b Batch) {
 	c := &r.c
 	start, startLen, mark := r.st.pos, r.st.lastLen, r.notes.mark()
+	if _, bet := b.(OptimisticBatch); bet {
+		// What writeBatch applies can be taken back if the bet is lost.
+		st := r.st
+		st.startUndo(&c.undo)
+		defer st.stopUndo()
+	}
 	w := r.writeBatch(batch, b, false)
 	// conflicted reports whether err is an optimistic batch's lost bet,
-	// and then rolls back what writeBatch applied (runLocked goes on).
+	// and then takes back what writeBatch applied (runLocked goes on):
+	// in memory (undo), or else by reading the records up to start.
 	conflicted := func(err error) bool {
 		if !errors.Is(err, ErrConflict) {
 			return false
 		}
 		if w.wrote {
 			r.notes.cut(mark)
-			if err := r.rollBack(start, startLen); err != nil {
-				r.setSticky(err)
-				for _, t := range w.ok {
-					t.err, t.recs = err, nil
+			undone := r.st.take(&c.undo) && r.st.pos == start && r.st.lastLen == startLen
+			if !undone {
+				if err := r.rollBack(start, startLen); err != nil {
+					r.setSticky(err)
+					for _, t := range w.ok {
+						t.err, t.recs = err, nil
+					}
+					return true
 				}
-				return true
 			}
 		}
 		c.conflict = true
@@ -454,8 +464,9 @@ func (r *Run) reload(start chain, startLen int64) {
 var errRolledBack = errors.New("runstate: read up to the rollback position")
 
 // rollBack rebuilds the state as of start from the store's records (an
-// optimistic batch that lost its bet: other sessions' records may follow
-// start in the store; Lock's Tail applies them next).
+// optimistic batch that lost its bet, when the undo could not take its
+// records back: other sessions' records may follow start in the store;
+// Lock's Tail applies them next).
 func (r *Run) rollBack(start chain, startLen int64) error {
 	st := newState()
 	p := replayer{path: r.store.String(), c: &st.pos, apply: st.replay}

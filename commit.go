@@ -86,6 +86,9 @@ type committer struct {
 	// batch is not optimistic (tryLock).
 	conflict bool
 	noBet    atomic.Bool
+	// undo takes an optimistic batch's records back from the state when
+	// its bet is lost (state_undo.go). Under stMu.
+	undo undo
 }
 
 // tx is one unit of the group commit: fn decides, on the current state and

@@ -178,6 +178,8 @@ type state struct {
 	top     []string
 	sub     map[string][]string
 	dropped []string
+
+	u *undo // on: apply saves what it changes (state_undo.go)
 }
 
 func newState() *state {
@@ -213,6 +215,9 @@ func (s *state) position() Position { return s.pos.position(s.lastLen) }
 // already checked the chain, and a record this version does not know is
 // skipped (forward compatible).
 func (s *state) apply(r *Record) {
+	if s.u != nil {
+		s.u.save(s, r)
+	}
 	before := s.blocks(r)
 	defer func() { s.blocking += s.blocks(r) - before }()
 	if r.Session != "" && r.Ev != evOpen && r.Ev != evClose {

@@ -128,7 +128,11 @@ func (p *published) close(clean bool) {
 // write of it is due (published.due), so that a session that completes a
 // stage a millisecond renders it about twenty times a second, not a
 // thousand; every manifest is written (the Run gives one every
-// Options.ManifestInterval: DESIGN-pg.md §9). Safe for concurrent use.
+// Options.ManifestInterval: DESIGN-pg.md §9). A handoff the Run skips it
+// renders when its handoff timer (every 50 ms while the handoff lags)
+// finds one due: the working directory's handoff lags its session's
+// records by at most about two viewsEvery, the database's by about
+// handoffEvery. Safe for concurrent use.
 func (s *store) PublishDue() (manifest, handoff bool) {
 	return true, s.pub.due(time.Now())
 }

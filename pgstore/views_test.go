@@ -301,7 +301,11 @@ func TestBusySessionRendersTheHandoffAtItsPace(t *testing.T) {
 	}
 	elapsed, renders := time.Since(start), gave()-before
 	t.Logf("%d completes in %v: %d handoffs rendered", n, elapsed, renders)
-	assert.LessOrEqual(t, renders, int(elapsed/viewsEvery)+2, "at most one handoff per viewsEvery (and one at the first complete)")
+	// One a viewsEvery for the views, and one or two a handoffEvery for
+	// the database (it renders until the next commit takes one), however
+	// slow the machine: each complete rendered one before.
+	bound := int(elapsed/viewsEvery) + 2*int(elapsed/handoffEvery) + 4
+	assert.LessOrEqual(t, renders, bound, "at most one handoff per viewsEvery (and per handoffEvery)")
 
 	want, err := r.NextSteps()
 	require.NoError(t, err)
