@@ -9,7 +9,11 @@ package pgstore
 // run's head row lock: until the old backend's transaction has ended (its
 // COMMIT still flushing, or an orphaned transaction the server has not yet
 // noticed) a plain SELECT sees "absent", and the records could land after
-// we said so.
+// we said so. An optimistic batch's transaction takes the head row only in
+// its commit round trip, so even that wait does not order it (its backend
+// may run the pipeline it received after the check): it can land only
+// while the head is at the bet's position, so a re-run that finds the
+// head moved resolves again, and that answer is final (rerun).
 
 import (
 	"bytes"
@@ -62,6 +66,9 @@ func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 		b.committed()
 		return nil
 	}
+	if afterResolve != nil {
+		afterResolve()
+	}
 	if rerr := b.rerun(ctx, lazy); rerr != nil {
 		if errors.Is(rerr, runstate.ErrReadOnly) {
 			return rerr
@@ -71,6 +78,10 @@ func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 	}
 	return nil
 }
+
+// afterResolve, when set (tests), runs after settle found the batch not
+// committed and before it runs the batch again.
+var afterResolve func()
 
 // marks are the batch's first and last records.
 func (b *batch) marks() (first, last commitMark) {
@@ -106,6 +117,23 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 		var err error
 		if conn, err = b.relock(ctx); err == nil {
 			break
+		}
+		if errors.Is(err, errRerun) && b.opt {
+			// An optimistic batch's lost transaction takes the head row
+			// only in its commit round trip: it may have landed after
+			// resolveCommit found it absent (its backend was slow to
+			// run the pipeline it had received). Now that the head has
+			// left the bet's position it never can: this answer is
+			// final.
+			first, last := b.marks()
+			committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
+			switch {
+			case rerr != nil:
+				return b.unknown(first, last, rerr)
+			case committed:
+				b.committed()
+				return nil
+			}
 		}
 		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
 			continue
