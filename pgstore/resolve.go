@@ -57,15 +57,10 @@ var errHalf = errors.New("only one of them is in the table (the records table wa
 // table.
 func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 	ctx = context.WithoutCancel(ctx) // the caller's deadline may be what cut the COMMIT
-	first, last := b.marks()
-	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
-	switch {
-	case rerr != nil:
-		return b.unknown(first, last, rerr)
-	case committed:
-		b.committed()
-		return nil
+	if done, rerr := b.resolve(ctx); done {
+		return rerr
 	}
+	first, last := b.marks()
 	if afterResolve != nil {
 		afterResolve()
 	}
@@ -82,6 +77,22 @@ func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 // afterResolve, when set (tests), runs after settle found the batch not
 // committed and before it runs the batch again.
 var afterResolve func()
+
+// resolve asks the table whether the batch committed (resolveCommit):
+// done when it did (nil: acknowledged, as if the reply had come) or when
+// the outcome is unknown (the error); else it did not, and may run again.
+func (b *batch) resolve(ctx context.Context) (done bool, err error) {
+	first, last := b.marks()
+	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
+	switch {
+	case rerr != nil:
+		return true, b.unknown(first, last, rerr)
+	case committed:
+		b.committed()
+		return true, nil
+	}
+	return false, nil
+}
 
 // marks are the batch's first and last records.
 func (b *batch) marks() (first, last commitMark) {
@@ -125,14 +136,8 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 			// run the pipeline it had received). Now that the head has
 			// left the bet's position it never can: this answer is
 			// final.
-			first, last := b.marks()
-			committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
-			switch {
-			case rerr != nil:
-				return b.unknown(first, last, rerr)
-			case committed:
-				b.committed()
-				return nil
+			if done, rerr := b.resolve(ctx); done {
+				return rerr
 			}
 		}
 		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
