@@ -27,10 +27,10 @@ import (
 // openBetting opens a session of run on db through the Store interface and
 // makes it bet whenever it knows the head. It returns the store, the
 // session and the position after the record it appended under the lock.
-func openBetting(t *testing.T, db *DB, run string) (*store, string, runstate.Position) {
+func openBetting(t testing.TB, db *DB, run string) (*store, string, runstate.Position) {
 	t.Helper()
 	s := db.Store(run).(*store)
-	session := newSession(t)
+	session := newSessionID()
 	_, at, err := s.Open(context.Background(), session)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close(true) })
