@@ -208,12 +208,7 @@ var betForm = map[string]string{
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
 		"$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16"),
-	appendOneOutputSQL: betNumbered(betLock+`ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
-), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
-		"$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
+	appendOneOutputSQL: betNumbered(betLock+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
 	appendSQL: betNumbered(betLock+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, u.* FROM h, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
@@ -228,7 +223,23 @@ var betForm = map[string]string{
 `+betEnd, "$P", "$20", "$H", "$21", "$K", "$22", "$L", "$23"),
 }
 
+// betOwnBlobSQL is the bet form of appendOneOutputSQL that also stores
+// the output's bytes ($18, of $19 bytes), when they are the one small blob
+// the batch carries (a checkpoint's complete): one statement instead of
+// two. The outputs' foreign key is checked at the statement's end, when
+// the blob's row is there.
+var betOwnBlobSQL = betNumbered(betLock+`c AS (
+  INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT $16, 0, $18 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+), bl AS (
+  INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $16, $19, 1 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+), `+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$20", "$L", "$21")
+
 const (
+	betOneOutput = `ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1` + betHead
 	betLock = `WITH h AS (
   SELECT 1 / count(*)::int AS moved, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END)) AS fence
   FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $P AND last_hash = $H FOR NO KEY UPDATE NOWAIT) l
