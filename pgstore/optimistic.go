@@ -17,24 +17,26 @@ import (
 // a Lock that found no other session's records), a batch skips Lock's
 // round trip. Its commit is one pipelined round trip with no BEGIN and no
 // COMMIT (betBatch): the small blobs it carries, then ONE append statement
-// (betForm), whose first CTE locks the head row NOWAIT only if it is still
-// at the bet's position and probes the session's own lock under that row
-// lock (the self-fence Lock probes) before the records, their outputs and
-// the head's compare-and-set, and which sets synchronous_commit off for
-// its transaction when the batch is lazy; then the projections. In the
-// extended protocol, the statements up to the pipeline's Sync (pgx sends
-// one, at the end of a Batch) are one implicit transaction, committed at
-// the Sync; a statement that fails makes the server skip the rest and roll
-// the transaction back there. A head that moved, a head row another
-// session's batch holds, or a session whose own lock was takeable, each
-// fails the append statement (22012, 55P03, 2201F) and so the
-// transaction, with nothing written: Sync or Confirm return
-// runstate.ErrConflict (or ErrSessionLost for a session proven gone), and
-// the committer decides the batch again under Lock. A connection lost
-// around the Sync leaves the outcome unknown as around a COMMIT, and is
-// resolved the same way (resolve.go: settle, a re-run under the lock).
-// The locked path's statements are untouched: its transaction spans round
-// trips, from Lock's BEGIN to the commit's COMMIT.
+// (betForm; betOwnBlobSQL, which also stores the blob, when the batch's
+// one blob is its one record's one output: a checkpoint's complete is then
+// one statement, with the projections due), whose first CTE locks the head
+// row NOWAIT only if it is still at the bet's position and probes the
+// session's own lock under that row lock (the self-fence Lock probes)
+// before the records, their outputs and the head's compare-and-set, and
+// which sets synchronous_commit off for its transaction when the batch is
+// lazy; then the projections. In the extended protocol, the statements up
+// to the pipeline's Sync (pgx sends one, at the end of a Batch) are one
+// implicit transaction, committed at the Sync; a statement that fails
+// makes the server skip the rest and roll the transaction back there. A
+// head that moved, a head row another session's batch holds, or a session
+// whose own lock was takeable, each fails the append statement (22012,
+// 55P03, 2201F) and so the transaction, with nothing written: Sync or
+// Confirm return runstate.ErrConflict (or ErrSessionLost for a session
+// proven gone), and the committer decides the batch again under Lock. A
+// connection lost around the Sync leaves the outcome unknown as around a
+// COMMIT, and is resolved the same way (resolve.go: settle, a re-run under
+// the lock). The locked path's statements are untouched: its transaction
+// spans round trips, from Lock's BEGIN to the commit's COMMIT.
 //
 // The store bets only after Locks in a row have found no other
 // session's records: two at first (Open's and the first batch's: where
