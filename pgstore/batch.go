@@ -571,10 +571,15 @@ func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	return &pb
 }
 
+// betOwnBlob: a bet's append statement stores its one output's blob
+// (false: benchmarks measure the blob as a statement of its own).
+var betOwnBlob = true
+
 // queueWrites queues what a batch's commit writes: the small blobs it
-// carries (before the records that name them: the outputs' foreign key),
-// the records, their outputs and the head's compare-and-set in one
-// statement, and the projections due. bet is nil for a locked batch; for
+// carries (before the records that name them: the outputs' foreign key;
+// or, in a bet whose one blob is its one record's one output, in the
+// append statement: betOwnBlobSQL), the records, their outputs and the
+// head's compare-and-set in one statement, and the projections due. bet is nil for a locked batch; for
 // an optimistic one, the bet's parameters (the session's lock key, lazy),
 // and the append statement is its bet form (optimistic.go), which also
 // locks the head row and probes the session's own lock.
@@ -583,9 +588,14 @@ func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 	if !b.took {
 		b.inline, b.took = b.s.blobs.take(), true
 	}
-	b.s.blobs.queueInline(pb, b.inline)
-	if n := len(b.rows.seq); n > 0 {
-		r, o := &b.rows, &b.outs
+	r, o, n := &b.rows, &b.outs, len(b.rows.seq)
+	// own: the batch's one small blob is its one output's, which a bet's
+	// append statement stores itself (betOwnBlobSQL).
+	own := betOwnBlob && bet != nil && n == 1 && len(o.seq) == 1 && len(b.inline) == 1 && bytes.Equal(b.inline[0].sum, o.sha[0])
+	if !own {
+		b.s.blobs.queueInline(pb, b.inline)
+	}
+	if n > 0 {
 		headHash, _ := hex.DecodeString(b.head.Hash)
 		var q string
 		var args []any
@@ -603,7 +613,11 @@ func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 			args = []any{b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
 				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash}
 		}
-		if bet != nil {
+		switch {
+		case own:
+			q, args = betOwnBlobSQL, append(args, b.inline[0].data, int64(len(b.inline[0].data)))
+			args = append(args, bet...)
+		case bet != nil:
 			q, args = betForm[q], append(args, bet...)
 		}
 		pb.Queue(db.sql(q), args...)

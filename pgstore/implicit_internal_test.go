@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -26,10 +27,10 @@ import (
 // openBetting opens a session of run on db through the Store interface and
 // makes it bet whenever it knows the head. It returns the store, the
 // session and the position after the record it appended under the lock.
-func openBetting(t *testing.T, db *DB, run string) (*store, string, runstate.Position) {
+func openBetting(t testing.TB, db *DB, run string) (*store, string, runstate.Position) {
 	t.Helper()
 	s := db.Store(run).(*store)
-	session := newSession(t)
+	session := newSessionID()
 	_, at, err := s.Open(context.Background(), session)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close(true) })
@@ -278,4 +279,43 @@ func TestBetCommitCutRacingTheSyncIsOneOrNone(t *testing.T) {
 		assert.Equal(t, 2, f.copies(t, marker), "round %d: acknowledged, so both records exactly once", i)
 		at = next
 	}
+}
+
+// A bet's lost transaction that lands after the resolver found it absent
+// (its backend had the pipeline but ran it late: a bet takes the head row
+// only in its commit round trip, so the resolver's wait for the row does
+// not order it) is found by content when the re-run finds the head moved:
+// the batch is acknowledged, its records are there once, and the store
+// goes on from them. (The re-run alone would report "nothing was
+// recorded" for records that are there.)
+func TestBetThatLandsAfterTheResolverFoundItAbsentIsAcknowledged(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	s, session, at := openBetting(t, db, "late")
+	ob, ok := s.LockOptimistic(at)
+	require.True(t, ok)
+	defer ob.Abort()
+	b := ob.(betBatch).batch
+	line := fmt.Sprintf(`{"seq":%d,"ev":"note","session":%q,"note":"late","prev":%q}`, at.Seq+1, session, at.Hash)
+	to := runstate.Position{Seq: at.Seq + 1, Hash: lineHash([]byte(line)), End: at.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+	require.NoError(t, b.Append([]*runstate.Record{{Seq: to.Seq, At: b.Now(), Ev: "note", Session: session}}, []byte(line+"\n"), to))
+	// The commit round trip as the lost connection sent it; it lands on
+	// another connection once the resolver has found it absent.
+	pb, err := b.betBatch(ctx, false)
+	require.NoError(t, err)
+	landed := false
+	afterResolve = func() {
+		landed = true
+		require.NoError(t, db.pool.SendBatch(ctx, pb).Close(), "the lost transaction lands late")
+	}
+	t.Cleanup(func() { afterResolve = nil })
+	require.NoError(t, b.settle(ctx, io.ErrUnexpectedEOF, false), "the late transaction's records are the batch's")
+	require.True(t, landed, "the resolver found the batch absent first")
+	b.synced = true
+	require.NoError(t, ob.Unlock())
+	lines := readAll(t, db.Store("late"))
+	require.Len(t, lines, int(to.Seq))
+	assert.Equal(t, line, string(lines[to.Seq-1]), "the batch's record, once")
+	_, err = betAppend(t, s, to, session, "after", 1, nil, true)
+	require.NoError(t, err, "the store goes on from the batch's record")
 }

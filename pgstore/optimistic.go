@@ -17,24 +17,26 @@ import (
 // a Lock that found no other session's records), a batch skips Lock's
 // round trip. Its commit is one pipelined round trip with no BEGIN and no
 // COMMIT (betBatch): the small blobs it carries, then ONE append statement
-// (betForm), whose first CTE locks the head row NOWAIT only if it is still
-// at the bet's position and probes the session's own lock under that row
-// lock (the self-fence Lock probes) before the records, their outputs and
-// the head's compare-and-set, and which sets synchronous_commit off for
-// its transaction when the batch is lazy; then the projections. In the
-// extended protocol, the statements up to the pipeline's Sync (pgx sends
-// one, at the end of a Batch) are one implicit transaction, committed at
-// the Sync; a statement that fails makes the server skip the rest and roll
-// the transaction back there. A head that moved, a head row another
-// session's batch holds, or a session whose own lock was takeable, each
-// fails the append statement (22012, 55P03, 2201F) and so the
-// transaction, with nothing written: Sync or Confirm return
-// runstate.ErrConflict (or ErrSessionLost for a session proven gone), and
-// the committer decides the batch again under Lock. A connection lost
-// around the Sync leaves the outcome unknown as around a COMMIT, and is
-// resolved the same way (resolve.go: settle, a re-run under the lock).
-// The locked path's statements are untouched: its transaction spans round
-// trips, from Lock's BEGIN to the commit's COMMIT.
+// (betForm; betOwnBlobSQL, which also stores the blob, when the batch's
+// one blob is its one record's one output: a checkpoint's complete is then
+// one statement, with the projections due), whose first CTE locks the head
+// row NOWAIT only if it is still at the bet's position and probes the
+// session's own lock under that row lock (the self-fence Lock probes)
+// before the records, their outputs and the head's compare-and-set, and
+// which sets synchronous_commit off for its transaction when the batch is
+// lazy; then the projections. In the extended protocol, the statements up
+// to the pipeline's Sync (pgx sends one, at the end of a Batch) are one
+// implicit transaction, committed at the Sync; a statement that fails
+// makes the server skip the rest and roll the transaction back there. A
+// head that moved, a head row another session's batch holds, or a session
+// whose own lock was takeable, each fails the append statement (22012,
+// 55P03, 2201F) and so the transaction, with nothing written: Sync or
+// Confirm return runstate.ErrConflict (or ErrSessionLost for a session
+// proven gone), and the committer decides the batch again under Lock. A
+// connection lost around the Sync leaves the outcome unknown as around a
+// COMMIT, and is resolved the same way (resolve.go: settle, a re-run under
+// the lock). The locked path's statements are untouched: its transaction
+// spans round trips, from Lock's BEGIN to the commit's COMMIT.
 //
 // The store bets only after Locks in a row have found no other
 // session's records: two at first (Open's and the first batch's: where
@@ -208,12 +210,7 @@ var betForm = map[string]string{
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
 		"$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16"),
-	appendOneOutputSQL: betNumbered(betLock+`ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
-), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
-		"$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
+	appendOneOutputSQL: betNumbered(betLock+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
 	appendSQL: betNumbered(betLock+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, u.* FROM h, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
@@ -228,7 +225,23 @@ var betForm = map[string]string{
 `+betEnd, "$P", "$20", "$H", "$21", "$K", "$22", "$L", "$23"),
 }
 
+// betOwnBlobSQL is the bet form of appendOneOutputSQL that also stores
+// the output's bytes ($18, of $19 bytes), when they are the one small blob
+// the batch carries (a checkpoint's complete): one statement instead of
+// two. The outputs' foreign key is checked at the statement's end, when
+// the blob's row is there.
+var betOwnBlobSQL = betNumbered(betLock+`c AS (
+  INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT $16, 0, $18 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+), bl AS (
+  INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $16, $19, 1 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+), `+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$20", "$L", "$21")
+
 const (
+	betOneOutput = `ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1` + betHead
 	betLock = `WITH h AS (
   SELECT 1 / count(*)::int AS moved, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END)) AS fence
   FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $P AND last_hash = $H FOR NO KEY UPDATE NOWAIT) l

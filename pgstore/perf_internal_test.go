@@ -1,13 +1,18 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
 
@@ -202,6 +207,125 @@ func BenchmarkVerify(b *testing.B) {
 				if len(rep.Problems) > 0 {
 					b.Fatalf("a clean run has problems: %v", rep.Problems)
 				}
+			}
+		})
+	}
+}
+
+// explicitBetSQL is the statement of the bet's lock and fence as it was
+// before the bet's commit became one statement (BenchmarkBetCommit's
+// baseline).
+const explicitBetSQL = `SELECT 1 / count(*)::int, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($4) THEN -1 ELSE 1 END))
+FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $2 AND last_hash = $3 FOR NO KEY UPDATE NOWAIT) h`
+
+// BenchmarkBetCommit is an optimistic batch's commit of one ~300-byte
+// record (Append, then Sync: a complete's; or Confirm: a begin's), one
+// implicit transaction of one statement, paired op by op (which goes
+// first alternating) with the explicit transaction it replaced, the same
+// batch as BEGIN; the bet's lock and fence (explicitBetSQL); [the blob];
+// the locked append statement; [SET LOCAL synchronous_commit = off];
+// COMMIT; and a raw INSERT transaction off the clock. median-ns is the
+// implicit one's, explicit-median-ns the other's, x-explicit their ratio:
+// the pairing cancels most of a shared machine's drift. "output" is a
+// complete whose record names a new ~100-byte output (Put first: its
+// blob rides in the batch), in three ways: the bet storing the blob in
+// its append statement (median-ns), the bet with the blob as a statement
+// of its own (separate-median-ns, x-separate), and the explicit one.
+func BenchmarkBetCommit(b *testing.B) {
+	for _, c := range []struct {
+		name         string
+		sync, output bool
+	}{{"synced", true, false}, {"lazy", false, false}, {"output", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			ctx := context.Background()
+			db := newTestDB(b)
+			raw := newRawInsert(b, db)
+			s, session, at := openBetting(b, db, "bet")
+			pad := strings.Repeat("x", 200)
+			k := 0
+			// one commits a batch: explicit, or a bet (own: storing its
+			// blob in its append statement).
+			one := func(explicit, own bool) time.Duration {
+				ob, ok := s.LockOptimistic(at)
+				if !ok {
+					b.Fatal("the store does not bet")
+				}
+				bb := ob.(betBatch).batch
+				var outs []runstate.Output
+				if c.output {
+					k++
+					data := []byte(fmt.Sprintf("output %d of the benchmark, %s", k, pad[:60]))
+					sum := sha256.Sum256(data)
+					o := runstate.Output{Path: "out/o", SHA256: hex.EncodeToString(sum[:]), Size: int64(len(data))}
+					if err := s.Blobs().Put(ctx, o.SHA256, o.Size, bytes.NewReader(data)); err != nil {
+						b.Fatal(err)
+					}
+					outs = append(outs, o)
+				}
+				line := fmt.Sprintf(`{"seq":%d,"ev":"note","session":%q,"note":%q,"prev":%q}`, at.Seq+1, session, pad, at.Hash)
+				to := runstate.Position{Seq: at.Seq + 1, Hash: lineHash([]byte(line)), End: at.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+				betOwnBlob = own
+				start := time.Now()
+				err := bb.Append([]*runstate.Record{{Seq: to.Seq, At: bb.Now(), Ev: "note", Session: session, Outputs: outs}}, []byte(line+"\n"), to)
+				switch {
+				case err != nil:
+				case explicit:
+					pb := bb.commitBatch(!c.sync)
+					hash, _ := hex.DecodeString(at.Hash)
+					pb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN"},
+						{SQL: db.sql(explicitBetSQL), Arguments: []any{bb.runID, at.Seq, hash, bb.ses.key}}}, pb.QueuedQueries...)
+					var conn *pgxpool.Conn
+					if conn, err = db.pool.Acquire(ctx); err == nil {
+						err = conn.SendBatch(ctx, pb).Close()
+						conn.Release()
+						bb.committed()
+						bb.synced = true
+					}
+				case c.sync:
+					err = ob.Sync(ctx)
+				default:
+					err = ob.Confirm(ctx)
+				}
+				d := time.Since(start)
+				betOwnBlob = true
+				if err == nil {
+					err = ob.Unlock()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				at = to
+				return d
+			}
+			var raws, ops, explicit, separate []time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				raws = append(raws, raw())
+				if i%2 == 0 {
+					explicit = append(explicit, one(true, false))
+					if c.output {
+						separate = append(separate, one(false, false))
+					}
+				}
+				b.StartTimer()
+				ops = append(ops, one(false, true))
+				b.StopTimer()
+				if i%2 == 1 {
+					if c.output {
+						separate = append(separate, one(false, false))
+					}
+					explicit = append(explicit, one(true, false))
+				}
+				b.StartTimer()
+			}
+			b.StopTimer()
+			report(b, ops, raws)
+			b.ReportMetric(float64(median(explicit).Nanoseconds()), "explicit-median-ns")
+			b.ReportMetric(float64(median(ops))/float64(median(explicit)), "x-explicit")
+			if c.output {
+				b.ReportMetric(float64(median(separate).Nanoseconds()), "separate-median-ns")
+				b.ReportMetric(float64(median(ops))/float64(median(separate)), "x-separate")
 			}
 		})
 	}

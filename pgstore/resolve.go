@@ -9,7 +9,11 @@ package pgstore
 // run's head row lock: until the old backend's transaction has ended (its
 // COMMIT still flushing, or an orphaned transaction the server has not yet
 // noticed) a plain SELECT sees "absent", and the records could land after
-// we said so.
+// we said so. An optimistic batch's transaction takes the head row only in
+// its commit round trip, so even that wait does not order it (its backend
+// may run the pipeline it received after the check): it can land only
+// while the head is at the bet's position, so a re-run that finds the
+// head moved resolves again, and that answer is final (rerun).
 
 import (
 	"bytes"
@@ -53,14 +57,12 @@ var errHalf = errors.New("only one of them is in the table (the records table wa
 // table.
 func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 	ctx = context.WithoutCancel(ctx) // the caller's deadline may be what cut the COMMIT
+	if done, rerr := b.resolve(ctx); done {
+		return rerr
+	}
 	first, last := b.marks()
-	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
-	switch {
-	case rerr != nil:
-		return b.unknown(first, last, rerr)
-	case committed:
-		b.committed()
-		return nil
+	if afterResolve != nil {
+		afterResolve()
 	}
 	if rerr := b.rerun(ctx, lazy); rerr != nil {
 		if errors.Is(rerr, runstate.ErrReadOnly) {
@@ -70,6 +72,26 @@ func (b *batch) settle(ctx context.Context, err error, lazy bool) error {
 			runstate.ErrReadOnly, b.s.name, first.Seq, last.Seq, err, rerr)
 	}
 	return nil
+}
+
+// afterResolve, when set (tests), runs after settle found the batch not
+// committed and before it runs the batch again.
+var afterResolve func()
+
+// resolve asks the table whether the batch committed (resolveCommit):
+// done when it did (nil: acknowledged, as if the reply had come) or when
+// the outcome is unknown (the error); else it did not, and may run again.
+func (b *batch) resolve(ctx context.Context) (done bool, err error) {
+	first, last := b.marks()
+	committed, rerr := resolveCommit(ctx, b.s.connect, b.runID, first, last)
+	switch {
+	case rerr != nil:
+		return true, b.unknown(first, last, rerr)
+	case committed:
+		b.committed()
+		return true, nil
+	}
+	return false, nil
 }
 
 // marks are the batch's first and last records.
@@ -106,6 +128,17 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 		var err error
 		if conn, err = b.relock(ctx); err == nil {
 			break
+		}
+		if errors.Is(err, errRerun) && b.opt {
+			// An optimistic batch's lost transaction takes the head row
+			// only in its commit round trip: it may have landed after
+			// resolveCommit found it absent (its backend was slow to
+			// run the pipeline it had received). Now that the head has
+			// left the bet's position it never can: this answer is
+			// final.
+			if done, rerr := b.resolve(ctx); done {
+				return rerr
+			}
 		}
 		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
 			continue
