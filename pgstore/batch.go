@@ -425,9 +425,11 @@ func (b *batch) Sync(ctx context.Context) error {
 
 // Publish keeps the projections for the database (each, newest seq wins):
 // they are written with this batch's COMMIT when it has not committed yet,
-// else with the next batch's (or at a clean Close), so that they never
-// cost a transaction of their own. The handoff is written at most once a
-// second (handoffEvery): readers render it from the records anyway.
+// else with the next batch's, so that a busy session's cost no
+// transaction of their own; an idle session's (no batch within about a
+// second) and a clean Close's are written by one (publish.go, writeKept).
+// The handoff is written at most once a second (handoffEvery): readers
+// render it from the records anyway.
 func (b *batch) Publish(at runstate.Position, manifest, handoff []byte) {
 	b.s.pub.keep(at, manifest, handoff)
 }
