@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,7 @@ type DB struct {
 	// lockCfg is the configuration of the session lock connections
 	// (session.go): the pool's, with keepalives and tcp_user_timeout.
 	lockCfg *pgx.ConnConfig
+	stmts   sync.Map // statement templates → with the schema (sql)
 }
 
 // Connect opens a pool to the database dsn names (a postgres:// URL or a
@@ -209,5 +211,16 @@ func hashKey(s string) int64 {
 	return int64(binary.BigEndian.Uint64(h[:8]))
 }
 
-// sql replaces {s} in q with the quoted schema.
-func (db *DB) sql(q string) string { return strings.ReplaceAll(q, "{s}", db.ident) }
+// sql replaces {s} in q with the quoted schema. Every q is one of the
+// package's constant statements, so the results are kept (stmts): a
+// checkpoint's statements are 0.5-1.5 KB, and replacing in them on every
+// call cost 13 µs of CPU a checkpoint (pgcompare -cpuprofile). Safe for
+// concurrent use.
+func (db *DB) sql(q string) string {
+	if s, ok := db.stmts.Load(q); ok {
+		return s.(string)
+	}
+	s := strings.ReplaceAll(q, "{s}", db.ident)
+	db.stmts.Store(q, s)
+	return s
+}
