@@ -238,14 +238,22 @@ func TestStatusJSONActionsNameTheRunDirectory(t *testing.T) {
 	assert.Equal(t, "runstate approve "+quoteArg(dir)+" execute -by NAME -note TEXT", actions["awaiting"])
 	assert.Contains(t, actions["in-doubt"], "then: runstate resolve "+quoteArg(dir)+" ticket:1 -sent RECEIPT -by NAME (or -not-sent)")
 
-	wd, err := os.Getwd()
-	require.NoError(t, err)
-	rel, err := filepath.Rel(wd, dir)
-	require.NoError(t, err)
+	rel := relToWD(t, dir)
 	res := readCLI(t, dir, "status", rel)
 	assert.Equal(t, exitBlocked, res.code, res.err)
 	assert.Contains(t, res.out, "do: runstate approve "+quoteArg(rel)+" execute -by NAME -note TEXT", "as typed")
 	assert.Contains(t, res.out, "then: runstate resolve "+quoteArg(rel)+" ticket:1 -sent RECEIPT", "as typed")
+}
+
+// relToWD is dir relative to the test's working directory: the run as a
+// user in that directory may type it.
+func relToWD(t *testing.T, dir string) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	rel, err := filepath.Rel(wd, dir)
+	require.NoError(t, err)
+	return rel
 }
 
 // TestVerifyFixesNameTheRunAsTyped: verify's fixes (a torn tail, an
@@ -256,10 +264,7 @@ func TestVerifyFixesNameTheRunAsTyped(t *testing.T) {
 	dir := healthyRun(t)
 	appendTorn(t, dir)
 	require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
-	wd, err := os.Getwd()
-	require.NoError(t, err)
-	rel, err := filepath.Rel(wd, dir)
-	require.NoError(t, err)
+	rel := relToWD(t, dir)
 
 	res := readCLI(t, dir, "verify", rel)
 	assert.Equal(t, exitFail, res.code, res.err)
@@ -280,8 +285,7 @@ func TestVerifyFixesNameTheRunAsTyped(t *testing.T) {
 	dir = healthyRun(t)
 	n := lineOf(t, dir, `"ev":"complete","session"`)
 	editLine(t, dir, n, `"stage":"inspect"`, `"stage":"INSPECT"`)
-	rel, err = filepath.Rel(wd, dir)
-	require.NoError(t, err)
+	rel = relToWD(t, dir)
 	res = readCLI(t, dir, "verify", rel)
 	assert.Equal(t, exitFail, res.code, res.err)
 	assert.Contains(t, res.out, "with: runstate repair -truncate-at "+strconv.Itoa(n)+" "+quoteArg(rel)+" (a copy", "an edited line")
