@@ -293,7 +293,7 @@ func (b *batch) betBatch(ctx context.Context, lazy bool) (*pgx.Batch, error) {
 	return &pb, nil
 }
 
-// lostBet is the error of an optimistic batch whose betSQL failed with
+// lostBet is the error of an optimistic batch whose bet failed with
 // code: runstate.ErrConflict (the head moved or is held), or, for a
 // session whose own lock was takeable, ErrSessionLost when the session is
 // lost and ErrConflict while its lock is being taken again (Lock waits for

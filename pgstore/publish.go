@@ -142,17 +142,17 @@ var _ runstate.Pacer = (*store)(nil)
 // writeKept writes the projections kept and due (all: every one kept) in
 // a transaction of their own, with synchronous_commit off, best effort
 // (newest seq wins: it takes no run lock): the idle write
-// (published.armLocked), and a clean Close's.
+// (published.armLocked), and a clean Close's. Like a bet of projections
+// only, it is an implicit transaction (the pipeline's Sync commits it),
+// with betLazySQL.
 func (s *store) writeKept(all bool) {
 	s.mu.Lock()
 	runID := s.runID
 	s.mu.Unlock()
 	var pb pgx.Batch
-	pb.Queue("BEGIN")
-	pb.Queue("SET LOCAL synchronous_commit = off")
 	s.queuePublish(&pb, runID, all)
-	pb.Queue("COMMIT")
-	if pb.Len() > 3 {
+	if pb.Len() > 0 {
+		pb.Queue(betLazySQL)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = s.db.pool.SendBatch(ctx, &pb).Close()
 		cancel()
