@@ -22,7 +22,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -77,19 +76,14 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
+	stop := func() {}
 	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fatalf("%v", err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
+		if stop, err = kit.StartCPUProfile(*cpuprofile); err != nil {
 			fatalf("%v", err)
 		}
 	}
 	err = run(chosen, *rounds, *ops, *goroutines, *warmup, *dir, *keep)
-	if *cpuprofile != "" {
-		pprof.StopCPUProfile()
-	}
+	stop()
 	if err != nil {
 		fatalf("%v", err)
 	}

@@ -30,7 +30,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -120,19 +119,16 @@ func main() {
 	if err != nil {
 		fatalf("%v", err)
 	}
+	stop := func() {}
 	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
+		if stop, err = kit.StartCPUProfile(*cpuprofile); err != nil {
 			fatalf("%v", err)
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fatalf("%v", err)
-		}
-		defer pprof.StopCPUProfile()
 	}
 	b := &bench{dsn: *dsn, rounds: *rounds, ops: *ops, goroutines: *goroutines, procs: *procs, warmup: *warmup, keep: *keep}
-	if err := b.run(context.Background(), chosen); err != nil {
-		pprof.StopCPUProfile()
+	err = b.run(context.Background(), chosen)
+	stop()
+	if err != nil {
 		fatalf("%v", err)
 	}
 }
