@@ -71,4 +71,6 @@ func BenchmarkRawInsert8(b *testing.B)  { benchmark(b, "raw", true) }
 func BenchmarkTwoTx(b *testing.B)       { benchmark(b, "twotx", false) }
 func BenchmarkCheckpoint(b *testing.B)  { benchmark(b, "pgstore", false) }
 func BenchmarkCheckpoint8(b *testing.B) { benchmark(b, "pgstore", true) }
+func BenchmarkSkip(b *testing.B)        { benchmark(b, "pgskip", false) }
+func BenchmarkSkip8(b *testing.B)       { benchmark(b, "pgskip", true) }
 func BenchmarkDBOSStep(b *testing.B)    { benchmark(b, "dbos", false) }

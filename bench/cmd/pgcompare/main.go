@@ -74,8 +74,8 @@ type contenderInfo struct {
 	make  func() contender
 	// procs: the contender also runs in the multi-process mode; runs: it
 	// has runs, so that mode is run twice: all processes on one run, and
-	// each on its own.
-	procs, runs bool
+	// each on its own. optional: run only when -contenders names it.
+	procs, runs, optional bool
 }
 
 var registry = map[string]contenderInfo{}
@@ -99,7 +99,7 @@ func main() {
 		goroutines = flag.Int("goroutines", 8, "goroutines in the in-process concurrent mode")
 		procs      = flag.Int("procs", 4, "processes in the multi-process modes (0: leave them out)")
 		warmup     = flag.Int("warmup", 1, "unmeasured rounds first, at a quarter of -ops")
-		names      = flag.String("contenders", "", "comma-separated contenders (default: all): "+strings.Join(contenderNames(), ", "))
+		names      = flag.String("contenders", "", "comma-separated contenders (default: all but pgskip): "+strings.Join(contenderNames(), ", "))
 		keep       = flag.Bool("keep", false, "keep the schemas and the working directories")
 		child      = flag.String("child", "", "internal: run as a child process of the multi-process modes")
 		cpuprofile = flag.String("cpuprofile", "", "write the parent process's CPU profile to this file")
@@ -148,7 +148,13 @@ func contenderNames() []string {
 
 func choose(list string) ([]contenderInfo, error) {
 	if strings.TrimSpace(list) == "" {
-		return registered(), nil
+		var out []contenderInfo
+		for _, ci := range registered() {
+			if !ci.optional {
+				out = append(out, ci)
+			}
+		}
+		return out, nil
 	}
 	want := map[string]bool{"raw": true} // the baseline is always run
 	for n := range strings.SplitSeq(list, ",") {
