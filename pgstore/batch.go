@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
@@ -59,12 +60,13 @@ type batch struct {
 }
 
 type recordRows struct {
-	seq                []int64
-	line, hash         [][]byte
-	ev                 []string
-	stage, key, sessID []*string
-	attempt            []*int32
-	at                 []time.Time
+	seq        []int64
+	line, hash [][]byte
+	ev         []string
+	stage, key []*string
+	sessID     []pgtype.UUID // binary: a []*string went through pgx's failed binary try, then text
+	attempt    []*int32
+	at         []time.Time
 }
 
 type outputRows struct {
@@ -365,10 +367,10 @@ func (b *batch) Append(recs []*runstate.Record, lines []byte, to runstate.Positi
 		r.ev = append(r.ev, rec.Ev)
 		r.stage = append(r.stage, optional(rec.Stage))
 		r.key = append(r.key, optional(rec.Key))
-		if _, err := uuid.Parse(rec.Session); err == nil {
-			r.sessID = append(r.sessID, &rec.Session)
+		if u, err := uuid.Parse(rec.Session); err == nil {
+			r.sessID = append(r.sessID, pgtype.UUID{Bytes: u, Valid: true})
 		} else {
-			r.sessID = append(r.sessID, nil)
+			r.sessID = append(r.sessID, pgtype.UUID{})
 		}
 		if rec.Attempt != 0 {
 			a := int32(rec.Attempt)
@@ -612,8 +614,12 @@ func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0]}
 		default:
 			q = appendSQL
-			args = []any{b.runID, r.seq, r.line, r.hash, r.ev, r.stage, r.attempt, r.key, r.sessID, r.at,
-				o.seq, o.path, o.sha, o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash}
+			// FlatArray: slices of types pgx has no plan for ([][]byte,
+			// []*string, []*int32) are otherwise encoded by reflection.
+			args = []any{b.runID, r.seq, pgtype.FlatArray[[]byte](r.line), pgtype.FlatArray[[]byte](r.hash), r.ev,
+				pgtype.FlatArray[*string](r.stage), pgtype.FlatArray[*int32](r.attempt), pgtype.FlatArray[*string](r.key),
+				pgtype.FlatArray[pgtype.UUID](r.sessID), r.at,
+				o.seq, o.path, pgtype.FlatArray[[]byte](o.sha), o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash}
 		}
 		switch {
 		case own:

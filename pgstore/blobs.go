@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/runstate/runstate"
 )
 
@@ -91,8 +92,8 @@ func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
 	for i, x := range blobs {
 		sums[i], datas[i], sizes[i] = x.sum, x.data, int64(len(x.data))
 	}
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d) ON CONFLICT DO NOTHING`), sums, datas)
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), sums, sizes)
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d) ON CONFLICT DO NOTHING`), pgtype.FlatArray[[]byte](sums), pgtype.FlatArray[[]byte](datas))
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), pgtype.FlatArray[[]byte](sums), sizes)
 }
 
 // Missing returns those of sha256s (hex) that the database does not hold.
