@@ -188,6 +188,10 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 	}
 
 	loadBefore := kit.Loadavg()
+	fileBefore, err := kit.FileCreation(base, 200)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	total := warmup + rounds
 	for r := range total {
@@ -219,7 +223,11 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 		fmt.Fprintf(os.Stderr, "%s %d/%d done (%.0fs)\n", label, r+1, total, time.Since(start).Seconds())
 	}
 	took := time.Since(start)
-	report(entries, rounds, ops, goroutines, base, took, loadBefore, kit.Loadavg())
+	fileAfter, err := kit.FileCreation(base, 200)
+	if err != nil {
+		return err
+	}
+	report(entries, rounds, ops, goroutines, base, took, loadBefore, kit.Loadavg(), kit.FileCreationLines(fileBefore, fileAfter, writeOutputs))
 	return nil
 }
 
@@ -279,7 +287,7 @@ func concurrent(ctx context.Context, e *entry, n, g int, measured bool) error {
 	return nil
 }
 
-func report(entries []*entry, rounds, ops, goroutines int, base string, took time.Duration, loadBefore, loadAfter string) {
+func report(entries []*entry, rounds, ops, goroutines int, base string, took time.Duration, loadBefore, loadAfter, files string) {
 	fmt.Printf("runstate bench/cmd/compare  %s  %s/%s  %d CPUs  %s\n",
 		runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	outputs := "with"
@@ -288,7 +296,7 @@ func report(entries []*entry, rounds, ops, goroutines int, base string, took tim
 	}
 	fmt.Printf("%d rounds × %d checkpoints per contender, sequential and on %d goroutines, %s output files\n",
 		rounds, ops, goroutines, outputs)
-	fmt.Printf("stores in %s; took %.0fs; load average %s before, %s after\n\n", base, took.Seconds(), loadBefore, loadAfter)
+	fmt.Printf("stores in %s; took %.0fs; load average %s before, %s after\n%s\n", base, took.Seconds(), loadBefore, loadAfter, files)
 
 	var fl *entry
 	for _, e := range entries {

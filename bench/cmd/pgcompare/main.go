@@ -206,6 +206,7 @@ type bench struct {
 	nextID                                  int
 	mu                                      sync.Mutex
 	server, syncCommit, fsync, loadB, loadA string
+	fileB, fileA                            time.Duration // kit.FileCreation before and after the rounds
 }
 
 // take returns the first of n fresh checkpoint ids.
@@ -249,6 +250,9 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 		entries = append(entries, e)
 	}
 	b.loadB = kit.Loadavg()
+	if b.fileB, err = kit.FileCreation(b.work, 200); err != nil {
+		return err
+	}
 	start := time.Now()
 	total := b.warmup + b.rounds
 	for r := range total {
@@ -307,6 +311,9 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 		fmt.Fprintf(os.Stderr, "%s %d/%d done (%.0fs)\n", label, r+1, total, time.Since(start).Seconds())
 	}
 	b.loadA = kit.Loadavg()
+	if b.fileA, err = kit.FileCreation(b.work, 200); err != nil {
+		return err
+	}
 	b.report(entries, time.Since(start))
 	return nil
 }
@@ -518,8 +525,9 @@ func (b *bench) report(entries []*entry, took time.Duration) {
 	if !writeOutputs {
 		outputs = "without"
 	}
-	fmt.Printf("PostgreSQL %s (synchronous_commit=%s, fsync=%s); %d rounds × %d checkpoints per contender and mode, %s output files; took %.0fs; load average %s before, %s after\n\n",
+	fmt.Printf("PostgreSQL %s (synchronous_commit=%s, fsync=%s); %d rounds × %d checkpoints per contender and mode, %s output files; took %.0fs; load average %s before, %s after\n",
 		b.server, b.syncCommit, b.fsync, b.rounds, b.ops, outputs, took.Seconds(), b.loadB, b.loadA)
+	fmt.Printf("%s\n", kit.FileCreationLines(b.fileB, b.fileA, writeOutputs))
 	var raw, dbos, pg, two *entry
 	for _, e := range entries {
 		switch e.info.name {

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -20,6 +22,51 @@ func Loadavg() string {
 		return f[0]
 	}
 	return "?"
+}
+
+// FileCreation times the creation of n small files, each a new name
+// (os.WriteFile), in a new directory under dir, and returns the median
+// per file. The output files' figures depend on it, and on ext4 it swings
+// twentyfold: for minutes after many files were deleted, each new inode's
+// allocation skips, one by one and in the kernel, the free inodes deleted
+// in the last minutes (ext4's recently_deleted, the top of a perf profile
+// then). Measured here on 2026-12-02: 17-29 µs a file settled, 140-660 µs
+// in the minutes after a benchmark or a test run removed some thousands
+// of files. The files stay until dir is removed: deleting them would slow
+// the creations that follow.
+func FileCreation(dir string, n int) (time.Duration, error) {
+	d, err := os.MkdirTemp(dir, "filecreation-")
+	if err != nil {
+		return 0, err
+	}
+	data := make([]byte, 100)
+	times := make([]time.Duration, n)
+	for i := range times {
+		t0 := time.Now()
+		if err := os.WriteFile(filepath.Join(d, "f"+strconv.Itoa(i)), data, 0o644); err != nil {
+			return 0, err
+		}
+		times[i] = time.Since(t0)
+	}
+	return Median(times), nil
+}
+
+// slowFileCreation is a FileCreation median above which the output
+// files' figures of a run mostly measure the file system's recent
+// deletions.
+const slowFileCreation = 60 * time.Microsecond
+
+// FileCreationLines is the report's line on FileCreation before and
+// after the rounds, with a warning when it was slow and the run wrote
+// output files.
+func FileCreationLines(before, after time.Duration, outputs bool) string {
+	s := fmt.Sprintf("creating a small file in the working directory: %.0f µs before the rounds, %.0f µs after (median of 200)\n", US(before), US(after))
+	if outputs && max(before, after) > slowFileCreation {
+		s += fmt.Sprintf("WARNING: file creation is slow here, above %.0f µs: the output files' figures mostly measure the file system's\n"+
+			"recent deletions (ext4 skips the inodes deleted in the last minutes one by one). Rerun some minutes after the last mass deletion.\n",
+			US(slowFileCreation))
+	}
+	return s
 }
 
 // WithIQR formats the median of f with its interquartile range.
