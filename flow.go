@@ -21,7 +21,8 @@ type Flow struct {
 
 // AgentFlow returns the flow of a coding agent: inspect → plan → execute →
 // verify → await-review → complete, where verify may send the run back to
-// execute or plan. It returns a new Flow each call.
+// execute or plan. It returns a new Flow each call, so it is safe for
+// concurrent use, and so is the Flow while no one changes it.
 func AgentFlow() *Flow {
 	return &Flow{
 		Start: []string{"inspect"},

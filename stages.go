@@ -44,11 +44,14 @@ const (
 // File inputs by the path as given; Begin matches those to the same path
 // given again, so they keep their evidence. A file that is not a regular
 // file (a FIFO, a device such as /dev/zero, a directory) is refused at
-// Begin (ErrInvalid): it could block or never end.
+// Begin (ErrInvalid): it could block or never end. File only builds the
+// Input (nothing is read until Begin): safe for concurrent use.
 func File(path string) Input { return Input{kind: inputFile, name: path} }
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
-// model name. v must marshal with encoding/json.
+// model name. v must marshal with encoding/json (an error shows at
+// Begin or Do); it is encoded at once, so later changes to v do not count.
+// Safe for concurrent use (with v not being changed meanwhile).
 func Value(name string, v any) Input {
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -59,13 +62,15 @@ func Value(name string, v any) Input {
 
 // After is the outputs of stage: the stage must be done, and when it is
 // redone with different outputs, this stage is redone too (invalidation
-// cascades). Its name in the ledger is "after:" + stage.
+// cascades). Its name in the ledger is "after:" + stage. After only
+// builds the Input: safe for concurrent use.
 func After(stage string) Input { return Input{kind: inputAfter, name: "after:" + stage} }
 
 // ValidFor makes the stage's evidence expire: a stage completed longer than
 // d ago is redone, with the reason "evidence expired". So is one whose
 // completion time is after the clock's now (the clock was ahead then, or
 // was set back since: a VM snapshot, an NTP step): its age is unknown.
+// ValidFor only builds the Input: safe for concurrent use.
 func ValidFor(d time.Duration) Input { return Input{kind: inputValidFor, validFor: d} }
 
 // expired says why evidence of a stage done at done is expired at now

@@ -88,7 +88,10 @@ type dirStore struct {
 // that Open uses, for OpenStore and the store-generic readers
 // (runstatetest/storetest runs on it). Options' NoSync, Logger and
 // LockTimeout apply to it; nil means the defaults. It touches no file
-// until a method is called; it serves one Run.
+// until a method is called (nothing is durable until a Run appends
+// through it); it serves one Run, which serializes the calls it makes:
+// share a Store between goroutines only through that Run. NewFileStore
+// itself is safe for concurrent use.
 func NewFileStore(dir string, opts *Options) Store {
 	var o Options
 	if opts != nil {

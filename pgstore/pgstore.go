@@ -132,7 +132,9 @@ func (db *DB) Runs(ctx context.Context) ([]string, error) {
 }
 
 // Address is the run's address for the runstate command, without the
-// password: postgres://USER@HOST:PORT/DATABASE?schema=S&run=NAME.
+// password: postgres://USER@HOST:PORT/DATABASE?schema=S&run=NAME. It
+// reads nothing from the server (the run need not exist). Safe for
+// concurrent use.
 func (db *DB) Address(run string) string {
 	c := db.lockCfg
 	u := url.URL{Scheme: "postgres", User: url.User(c.User), Host: hostPort(c.Host, c.Port), Path: "/" + c.Database}

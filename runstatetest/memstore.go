@@ -53,7 +53,9 @@ type memLease struct {
 var memStores atomic.Int64
 
 // NewMemStore returns an empty memory store: the first session opened on
-// it creates the run. Nothing it holds outlives the process.
+// it creates the run. Nothing it holds outlives the process; within it,
+// what a Run synced survives Crash and the rest does not (see MemStore).
+// Safe for concurrent use, by several Runs at once.
 func NewMemStore() *MemStore {
 	return &MemStore{
 		id:       memStores.Add(1),
