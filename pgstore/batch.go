@@ -563,17 +563,30 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 
 // commitBatch builds the round trip that ends a locked batch's
 // transaction: the queued records, their outputs and the head's
-// compare-and-set, the projection, [SET LOCAL synchronous_commit = off
-// when lazy], COMMIT. (An optimistic batch's is betBatch's.)
+// compare-and-set, the projection, SET LOCAL synchronous_commit = off
+// when lazy (else syncOnSQL), COMMIT. (An optimistic batch's is
+// betBatch's.)
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	var pb pgx.Batch
 	b.queueWrites(&pb, nil)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
+	} else {
+		pb.Queue(syncOnSQL)
 	}
 	pb.Queue("COMMIT")
 	return &pb
 }
+
+// syncOnSQL makes the transaction commit synchronously where the
+// connection's synchronous_commit is off (the server's, the database's or
+// the role's default, or the DSN's): a batch that acknowledges must be in
+// the WAL on disk when Sync returns, whatever the user's settings say.
+// The other values (local, remote_write, on, remote_apply) all wait for
+// the local flush, and stay. Local to the transaction, so that it holds
+// through a transaction-mode pooler too; the bet's append statement does
+// the same in its last expression (betEnd).
+const syncOnSQL = `SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') = 'off'`
 
 // betOwnBlob: a bet's append statement stores its one output's blob
 // (false: benchmarks measure the blob as a statement of its own).

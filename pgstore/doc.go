@@ -28,8 +28,12 @@
 // COMMIT; a head that moved or is held makes it fail with nothing
 // written, and the Run decides the batch again after a Lock. A batch that
 // acknowledges something (a complete, fail, effect) commits with
-// synchronous_commit on: when the call returns, its records are in the
-// server's WAL on disk. A batch of begins alone commits with
+// synchronous_commit on (also where the connection's is off, from the
+// server's, database's or role's defaults or the DSN: pgstore sets it for
+// those transactions): when the call returns, its records are in the
+// server's WAL on disk, provided the server runs with fsync on (a server
+// with fsync off makes no commit durable, and pgstore does not check). A
+// batch of begins alone commits with
 // synchronous_commit off: visible at once, and durable with the next
 // synchronous commit (WAL is flushed in order), as a run directory's
 // unsynced begin is.

@@ -105,24 +105,7 @@ var betShapes = []struct {
 func TestBetCommitIsLazyExactlyWhenConfirmed(t *testing.T) {
 	ctx := context.Background()
 	db := newTestDB(t)
-	_, err := db.pool.Exec(ctx, db.sql(`
-CREATE TABLE {s}.commit_setting (tab text NOT NULL, seq bigint NOT NULL, setting text NOT NULL);
-CREATE FUNCTION {s}.note_commit_setting() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO {s}.commit_setting VALUES (TG_TABLE_NAME, NEW.seq, current_setting('synchronous_commit'));
-  RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT ON {s}.records
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting();
-CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT OR UPDATE ON {s}.projections
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting()`))
-	require.NoError(t, err)
-	setting := func(tab string, seq int64) string {
-		t.Helper()
-		var s string
-		require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT string_agg(DISTINCT setting, ',') FROM {s}.commit_setting WHERE tab = $1 AND seq = $2`), tab, seq).Scan(&s))
-		return s
-	}
+	setting := noteCommitSetting(t, db)
 
 	s, session, at := openBetting(t, db, "lazy")
 	for _, shape := range betShapes {
@@ -133,6 +116,7 @@ CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT OR UPDATE ON {s}.proj
 				out = []byte(fmt.Sprintf("output of %s, sync %v", shape.name, sync))
 			}
 			from := at
+			var err error
 			at, err = betAppend(t, s, at, session, "m", shape.n, out, sync)
 			require.NoError(t, err)
 			bets, lost := s.opt.counts()
@@ -156,6 +140,77 @@ CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT OR UPDATE ON {s}.proj
 	var manifest []byte
 	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT manifest FROM {s}.projections WHERE seq = $1`), at.Seq).Scan(&manifest))
 	assert.Equal(t, `{"manifest":1}`, string(manifest), "the bet of projections committed")
+}
+
+// A connection whose synchronous_commit is off (here from the DSN; as
+// well from the server's, the database's or the role's settings) still
+// commits every batch that acknowledges with synchronous_commit on, bet
+// or locked: Sync's promise (in the WAL on disk when it returns) does not
+// depend on a setting the user may not know about. A batch of begins
+// still commits lazily.
+func TestSyncCommitsAreSynchronousWhateverTheConnectionSays(t *testing.T) {
+	ctx := context.Background()
+	base := newTestDB(t)
+	setting := noteCommitSetting(t, base)
+	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&synchronous_commit=off")
+	require.NoError(t, err)
+	defer db.Close()
+	var conf string
+	require.NoError(t, db.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&conf))
+	require.Equal(t, "off", conf, "the DSN's setting reached the connection")
+
+	s, session, at := openBetting(t, db, "dsn-off")
+	for _, shape := range betShapes {
+		for _, sync := range []bool{false, true} {
+			var out []byte
+			if shape.out {
+				out = []byte(fmt.Sprintf("output of %s, sync %v", shape.name, sync))
+			}
+			from := at
+			at, err = betAppend(t, s, at, session, "m", shape.n, out, sync)
+			require.NoError(t, err)
+			want := map[bool]string{false: "off", true: "on"}[sync]
+			for seq := from.Seq + 1; seq <= at.Seq; seq++ {
+				assert.Equal(t, want, setting("records", seq), "a bet, %s, sync %v: synchronous_commit at the commit of record %d", shape.name, sync, seq)
+			}
+		}
+	}
+	for _, sync := range []bool{false, true} {
+		from := at
+		at = appendLines(t, s, at, session, 2, sync)
+		want := map[bool]string{false: "off", true: "on"}[sync]
+		for seq := from.Seq + 1; seq <= at.Seq; seq++ {
+			assert.Equal(t, want, setting("records", seq), "a locked batch, sync %v: synchronous_commit at the commit of record %d", sync, seq)
+		}
+	}
+}
+
+// noteCommitSetting makes every commit that writes a record or a
+// projection in db's schema note current_setting('synchronous_commit')
+// as the transaction commits (a deferred constraint trigger: the value
+// the server's commit obeys), and returns the reader of those notes: the
+// distinct settings noted for tab's row at seq.
+func noteCommitSetting(t *testing.T, db *DB) func(tab string, seq int64) string {
+	ctx := context.Background()
+	_, err := db.pool.Exec(ctx, db.sql(`
+CREATE TABLE {s}.commit_setting (tab text NOT NULL, seq bigint NOT NULL, setting text NOT NULL);
+CREATE FUNCTION {s}.note_commit_setting() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {s}.commit_setting VALUES (TG_TABLE_NAME, NEW.seq, current_setting('synchronous_commit'));
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT ON {s}.records
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting();
+CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT OR UPDATE ON {s}.projections
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting()`))
+	require.NoError(t, err)
+	setting := func(tab string, seq int64) string {
+		t.Helper()
+		var s string
+		require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT string_agg(DISTINCT setting, ',') FROM {s}.commit_setting WHERE tab = $1 AND seq = $2`), tab, seq).Scan(&s))
+		return s
+	}
+	return setting
 }
 
 // A lost bet writes nothing of its batch: the implicit transaction, in

@@ -204,7 +204,9 @@ var _ runstate.Optimist = (*store)(nil)
 // lazy batch): local to the transaction, which the pipeline's Sync
 // commits. (SET LOCAL would do too, the implicit transaction lasting to
 // the Sync, but as a statement more, with a warning: outside a
-// transaction block.)
+// transaction block.) When not lazy, it sets synchronous_commit on for
+// its transaction where the connection's is off, as syncOnSQL does for a
+// locked batch.
 var betForm = map[string]string{
 	appendOneSQL: betNumbered(betLock+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
@@ -252,7 +254,8 @@ const (
   WHERE id = $1 AND last_seq = $13 AND last_hash = $14 AND EXISTS (SELECT FROM h) RETURNING 1
 )
 ` + betEnd
-	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true) END`
+	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true)
+  WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', true) END`
 )
 
 // betNumbered puts the parameter numbers of one statement into the bet's
