@@ -204,7 +204,7 @@ func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
 func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) error {
 	db := b.s.db
 	var pb pgx.Batch
-	pb.Queue("BEGIN")
+	pb.Queue(beginSQL)
 	// FOR NO KEY UPDATE: exclusive among writers (and against FOR
 	// UPDATE), but not against the FOR KEY SHARE of other transactions'
 	// foreign-key checks on the row (a session's row, a projection), which
@@ -696,7 +696,7 @@ func (b *batch) appendError(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "22012", "55P03", "2201F":
+		case "22012", "55P03", "2201F", "40001":
 			if b.opt {
 				return b.lostBet(pe.Code)
 			}

@@ -175,7 +175,7 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 	if size <= chunkSize {
 		return b.putSmall(ctx, sum, want, size, r)
 	}
-	tx, err := b.db.pool.Begin(ctx)
+	tx, err := b.db.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return b.db.connectError(err)
 	}
@@ -228,7 +228,7 @@ func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size 
 		return err
 	}
 	var pb pgx.Batch
-	pb.Queue("BEGIN")
+	pb.Queue(beginSQL)
 	pb.Queue("SET LOCAL synchronous_commit = off")
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), want, data)
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING`), want, size)

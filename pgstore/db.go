@@ -224,3 +224,17 @@ func (db *DB) sql(q string) string {
 	db.stmts.Store(q, s)
 	return s
 }
+
+// Every transaction of pgstore that writes, or locks a row and then reads
+// (Lock's, a re-run's, a session's re-hold, the commit check, the
+// migration, a blob's) runs at READ COMMITTED, whatever
+// default_transaction_isolation the server, database, role or DSN sets:
+// each statement after a row lock then sees what the lock waited for (the
+// tail the holder appended, the schema version a concurrent migration
+// wrote). At REPEATABLE READ or SERIALIZABLE a second session on one run
+// failed its Locks with "could not serialize access due to concurrent
+// update" (40001). An optimistic batch's implicit transaction takes the
+// default; a serialization failure there is a lost bet (lostBet).
+const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

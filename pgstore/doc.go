@@ -17,7 +17,10 @@
 // logs/ledger.jsonl, byte for byte, and the core's decoder, chain check and
 // Verify read them unchanged. The run's head row (runs: last seq, hash,
 // end) is locked FOR NO KEY UPDATE by every append batch, which serializes
-// the run's writers on every machine; each batch is one transaction: one
+// the run's writers on every machine; each batch is one transaction (at
+// READ COMMITTED, whatever default_transaction_isolation the server,
+// database, role or DSN sets: a stricter level made a second session's
+// Lock fail with a serialization error): one
 // pipelined round trip to lock the head, probe the session's own lock and
 // read what others appended, one to insert the records, move the head
 // (compare-and-set) and COMMIT. When the session's position is still the

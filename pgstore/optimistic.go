@@ -297,7 +297,10 @@ func (b *batch) betBatch(ctx context.Context, lazy bool) (*pgx.Batch, error) {
 }
 
 // lostBet is the error of an optimistic batch whose bet failed with
-// code: runstate.ErrConflict (the head moved or is held), or, for a
+// code: runstate.ErrConflict (the head moved or is held; or, 40001, a
+// serialization failure where the connection's default isolation is
+// stricter than READ COMMITTED: its snapshot predates a commit it
+// conflicts with, a moved head as a rule), or, for a
 // session whose own lock was takeable, ErrSessionLost when the session is
 // lost and ErrConflict while its lock is being taken again (Lock waits for
 // that).
@@ -306,6 +309,8 @@ func (b *batch) lostBet(code string) error {
 	switch code {
 	case "55P03":
 		return fmt.Errorf("%w: run %s: another session's batch holds the head row", runstate.ErrConflict, b.s.name)
+	case "40001":
+		return fmt.Errorf("%w: run %s: a concurrent transaction conflicts with the bet at this connection's isolation level", runstate.ErrConflict, b.s.name)
 	case "2201F":
 		if err := b.ses.fenced(); !errors.Is(err, errRehold) {
 			return err

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -503,4 +504,82 @@ func TestOptimisticFirstBatchAfterOpenDoesNotBet(t *testing.T) {
 	bets, lost := cs.opt.counts()
 	require.Equal(t, 1, bets, "the first Do's complete bets")
 	require.Zero(t, lost)
+}
+
+// Two sessions share a run, bets won and lost, locked batches and the
+// outputs' blobs (the same bytes from both), where the connections'
+// default_transaction_isolation is stricter than READ COMMITTED (here
+// from the DSN; as well a server's, database's or role's setting): every
+// Do returns nil, and the run is one gapless chain with one complete per
+// stage. At REPEATABLE READ or SERIALIZABLE, a Lock that waited for the
+// other session's batch failed with "could not serialize access due to
+// concurrent update" before pgstore ran its transactions at READ
+// COMMITTED.
+func TestSessionsShareARunAtAnyDefaultIsolation(t *testing.T) {
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		for _, eager := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/bets=%v", iso, eager), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				base := newTestDB(t)
+				db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&default_transaction_isolation="+url.PathEscape(iso))
+				require.NoError(t, err)
+				t.Cleanup(db.Close) // after the runs' Close (cleanups run last first)
+				var got string
+				require.NoError(t, db.pool.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&got))
+				require.Equal(t, iso, got, "the DSN's setting reached the connection")
+				const sessions, workers, ops = 2, 3, 12
+				var runs []*runstate.Run
+				var stores []*store
+				for range sessions {
+					r, s := openOptimist(t, db, "iso")
+					s.opt.mu.Lock()
+					s.opt.eager = eager
+					s.opt.mu.Unlock()
+					runs, stores = append(runs, r), append(stores, s)
+				}
+				var wg sync.WaitGroup
+				errs := make(chan error, sessions*workers)
+				for i, r := range runs {
+					for w := range workers {
+						wg.Go(func() {
+							for k := range ops {
+								name := fmt.Sprintf("s%d-w%d-%d", i, w, k)
+								err := r.Do(ctx, name, func(_ context.Context, st *runstate.Stage) error {
+									if k%3 == 0 {
+										return st.WriteFile("out/"+name, []byte(fmt.Sprintf("the same bytes %d", k)))
+									}
+									return nil
+								})
+								if err != nil {
+									errs <- fmt.Errorf("session %d: do %s: %w", i, name, err)
+									return
+								}
+							}
+						})
+					}
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Error(err)
+				}
+				if t.Failed() {
+					return
+				}
+				completes := 0
+				for _, r := range checkChain(t, db, "iso") {
+					if r.Ev == "complete" {
+						completes++
+					}
+				}
+				require.Equal(t, sessions*workers*ops, completes)
+				locks := 0
+				for _, s := range stores {
+					locks += s.opt.lockCount()
+				}
+				require.Positive(t, locks, "the sessions took the run's lock")
+			})
+		}
+	}
 }

@@ -176,7 +176,7 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 	b.conn.Release()
 	b.conn = conn
 	var pb pgx.Batch
-	pb.Queue("BEGIN")
+	pb.Queue(beginSQL)
 	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
 	for _, d := range b.dead {
@@ -267,7 +267,7 @@ func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, 
 		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return false, err
 	}

@@ -66,7 +66,7 @@ func (db *DB) migrateTo(ctx context.Context, want int) error {
 			conn.Conn().PgConn().Close(context.WithoutCancel(ctx)) // the lock ends with the connection
 		}
 	}()
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return db.connectError(err)
 	}

@@ -213,7 +213,7 @@ func (s *session) tryRehold(ctx context.Context) error {
 			closeNow(conn)
 		}
 	}()
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return err
 	}
