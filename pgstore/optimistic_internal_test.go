@@ -98,6 +98,42 @@ func checkChain(t *testing.T, db *DB, run string) []lineFields {
 	return recs
 }
 
+// raceDos runs workers goroutines on each of runs, each doing ops Dos of
+// the stages do names (session i, worker w, op k), with do's functions. A
+// Do that returns ErrBusy (another session runs the stage) is tried again
+// a millisecond later; any other error fails the test. It reports whether
+// every Do returned nil.
+func raceDos(t *testing.T, ctx context.Context, runs []*runstate.Run, workers, ops int,
+	do func(i, w, k int) (string, func(context.Context, *runstate.Stage) error)) bool {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(runs)*workers)
+	for i, r := range runs {
+		for w := range workers {
+			wg.Go(func() {
+				for k := range ops {
+					name, fn := do(i, w, k)
+					err := r.Do(ctx, name, fn)
+					for errors.Is(err, runstate.ErrBusy) {
+						time.Sleep(time.Millisecond)
+						err = r.Do(ctx, name, fn)
+					}
+					if err != nil {
+						errs <- fmt.Errorf("session %d: do %s: %w", i, name, err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	return !t.Failed()
+}
+
 // A session whose position is still the head bets: its Do is two round
 // trips, no Lock; when another session appended meanwhile the bet is lost
 // (the head's compare-and-set fails), nothing of it is written, and the
@@ -242,43 +278,13 @@ func TestOptimisticRacingSessionsKeepTheChain(t *testing.T) {
 		stores[i].opt.mu.Unlock()
 	}
 	var calls [shared]atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, sessions*workers)
-	for i, r := range runs {
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := range ops {
-					name := fmt.Sprintf("s%d-w%d-%d", i, w, k)
-					var fn func(context.Context, *runstate.Stage) error = func(context.Context, *runstate.Stage) error { return nil }
-					if k%3 == 0 {
-						n := (k/3 + i + w) % shared
-						name = fmt.Sprintf("shared-%d", n)
-						fn = func(context.Context, *runstate.Stage) error { calls[n].Add(1); return nil }
-					}
-					for {
-						err := r.Do(ctx, name, fn)
-						if errors.Is(err, runstate.ErrBusy) {
-							time.Sleep(time.Millisecond)
-							continue
-						}
-						if err != nil {
-							errs <- fmt.Errorf("session %d: do %s: %w", i, name, err)
-							return
-						}
-						break
-					}
-				}
-			}()
+	if !raceDos(t, ctx, runs, workers, ops, func(i, w, k int) (string, func(context.Context, *runstate.Stage) error) {
+		if k%3 == 0 {
+			n := (k/3 + i + w) % shared
+			return fmt.Sprintf("shared-%d", n), func(context.Context, *runstate.Stage) error { calls[n].Add(1); return nil }
 		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
+		return fmt.Sprintf("s%d-w%d-%d", i, w, k), func(context.Context, *runstate.Stage) error { return nil }
+	}) {
 		return
 	}
 	for n := range shared {
@@ -538,33 +544,15 @@ func TestSessionsShareARunAtAnyDefaultIsolation(t *testing.T) {
 					s.opt.mu.Unlock()
 					runs, stores = append(runs, r), append(stores, s)
 				}
-				var wg sync.WaitGroup
-				errs := make(chan error, sessions*workers)
-				for i, r := range runs {
-					for w := range workers {
-						wg.Go(func() {
-							for k := range ops {
-								name := fmt.Sprintf("s%d-w%d-%d", i, w, k)
-								err := r.Do(ctx, name, func(_ context.Context, st *runstate.Stage) error {
-									if k%3 == 0 {
-										return st.WriteFile("out/"+name, []byte(fmt.Sprintf("the same bytes %d", k)))
-									}
-									return nil
-								})
-								if err != nil {
-									errs <- fmt.Errorf("session %d: do %s: %w", i, name, err)
-									return
-								}
-							}
-						})
+				if !raceDos(t, ctx, runs, workers, ops, func(i, w, k int) (string, func(context.Context, *runstate.Stage) error) {
+					name := fmt.Sprintf("s%d-w%d-%d", i, w, k)
+					return name, func(_ context.Context, st *runstate.Stage) error {
+						if k%3 == 0 {
+							return st.WriteFile("out/"+name, []byte(fmt.Sprintf("the same bytes %d", k)))
+						}
+						return nil
 					}
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					t.Error(err)
-				}
-				if t.Failed() {
+				}) {
 					return
 				}
 				completes := 0
