@@ -159,3 +159,29 @@ func TestConnectReadOnlyCreatesNothing(t *testing.T) {
 	_, err = db.Inspect(context.Background(), "typo")
 	assert.ErrorIs(t, err, ErrNoRun)
 }
+
+// A server that takes no writes from this connection (a hot standby, or
+// default_transaction_read_only on for the user or database: here from
+// the DSN) is named as such, with what to do, by Connect on a new schema
+// and by the first write on an existing one.
+func TestReadOnlyServerIsNamedWithWhatToDo(t *testing.T) {
+	ctx := context.Background()
+	schema := newSchema(t)
+	ro := withSchema(testDSN(t), schema) + "&default_transaction_read_only=on"
+	_, err := Connect(ctx, ro)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "read-only")
+	assert.Contains(t, err.Error(), "connect to the primary")
+
+	rw, err := Connect(ctx, withSchema(testDSN(t), schema)) // creates the schema
+	require.NoError(t, err)
+	rw.Close()
+	db, err := Connect(ctx, ro)
+	require.NoError(t, err, "a schema at the current version needs no write to connect")
+	defer db.Close()
+	_, err = db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "read-only"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "read-only")
+	assert.Contains(t, err.Error(), "connect to the primary")
+	assert.Contains(t, err.Error(), "ConnectReadOnly")
+}
