@@ -205,6 +205,7 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 	db := b.s.db
 	var pb pgx.Batch
 	pb.Queue(beginSQL)
+	pb.Queue(noTimeoutsSQL)
 	// FOR NO KEY UPDATE: exclusive among writers (and against FOR
 	// UPDATE), but not against the FOR KEY SHARE of other transactions'
 	// foreign-key checks on the row (a session's row, a projection), which
@@ -219,8 +220,10 @@ func (b *batch) begin(ctx context.Context, from runstate.Position, nowait bool) 
 	pb.Queue(db.sql(`SELECT seq, line FROM {s}.records WHERE run_id = $1 AND seq > $2 ORDER BY seq`), b.runID, from.Seq)
 	br := b.conn.SendBatch(ctx, &pb)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return db.connectError(err)
+	for range 2 { // BEGIN, noTimeoutsSQL
+		if _, err := br.Exec(); err != nil {
+			return db.connectError(err)
+		}
 	}
 	var hash []byte
 	var lastAt *time.Time

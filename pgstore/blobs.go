@@ -183,6 +183,9 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
 		return b.db.connectError(err)
 	}
+	if _, err := tx.Exec(ctx, noTimeoutsSQL); err != nil {
+		return b.db.connectError(err)
+	}
 	h := sha256.New()
 	buf := make([]byte, chunkSize)
 	var n int64
@@ -230,6 +233,7 @@ func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size 
 	var pb pgx.Batch
 	pb.Queue(beginSQL)
 	pb.Queue("SET LOCAL synchronous_commit = off")
+	pb.Queue(noTimeoutsSQL)
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), want, data)
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING`), want, size)
 	pb.Queue("COMMIT")

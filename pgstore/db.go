@@ -238,3 +238,16 @@ func (db *DB) sql(q string) string {
 const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// noTimeoutsSQL lifts the server's lock_timeout and statement_timeout
+// (the user's, database's or DSN's) for the rest of a transaction that
+// waits for a row lock (the head row, a blob's index entry): how long a
+// call waits is its context's to bound (Options.LockTimeout), as with a
+// run directory's flock. Before, a Do whose Lock waited longer than a
+// server's lock_timeout failed with the server's bare "canceling
+// statement due to lock timeout".
+const noTimeoutsSQL = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)"
+
+// noTimeoutsSessionSQL is noTimeoutsSQL for a session (the migration's
+// connection, closed after).
+const noTimeoutsSessionSQL = "SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false)"

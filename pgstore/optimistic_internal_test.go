@@ -571,3 +571,41 @@ func TestSessionsShareARunAtAnyDefaultIsolation(t *testing.T) {
 		}
 	}
 }
+
+// A Do whose Lock waits for the head row longer than the server's
+// lock_timeout or statement_timeout (set for the user, the database or,
+// here, the DSN: production servers often set them) still waits as long
+// as its context allows, as without them: the Lock's transaction lifts
+// both, and the context bounds the wait.
+func TestLockWaitsPastTheServersTimeouts(t *testing.T) {
+	ctx := context.Background()
+	base := newTestDB(t)
+	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&lock_timeout=100&statement_timeout=200")
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	var lt, st string
+	require.NoError(t, db.pool.QueryRow(ctx, "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").Scan(&lt, &st))
+	require.Equal(t, [2]string{"100ms", "200ms"}, [2]string{lt, st}, "the DSN's settings reached the connection")
+	a, _ := openOptimist(t, db, "timeouts")
+	require.NoError(t, a.Do(ctx, "first", func(context.Context, *runstate.Stage) error { return nil }))
+
+	conn, err := base.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, base.sql(`SELECT 1 FROM {s}.runs WHERE name = 'timeouts' FOR NO KEY UPDATE`))
+	require.NoError(t, err)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(600 * time.Millisecond) // longer than both timeouts
+		_, _ = conn.Exec(ctx, "COMMIT")
+	}()
+	start := time.Now()
+	err = a.Do(ctx, "waited", func(context.Context, *runstate.Stage) error { return nil })
+	<-released
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "the Do waited for the head row")
+	checkChain(t, base, "timeouts")
+}

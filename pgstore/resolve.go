@@ -177,6 +177,7 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 	b.conn = conn
 	var pb pgx.Batch
 	pb.Queue(beginSQL)
+	pb.Queue(noTimeoutsSQL)
 	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
 	for _, d := range b.dead {
@@ -196,8 +197,10 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 
 // recheck reads the answers of relock's round trip.
 func (b *batch) recheck(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		return err
+	for range 2 { // BEGIN, noTimeoutsSQL
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
 	var seq int64
 	var hash []byte
@@ -272,6 +275,9 @@ func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, 
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read only
+	if _, err := tx.Exec(ctx, noTimeoutsSQL); err != nil {
+		return false, err
+	}
 	var headSeq int64
 	if err := tx.QueryRow(ctx, `SELECT last_seq FROM runs WHERE id = $1 FOR UPDATE`, runID).Scan(&headSeq); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -58,14 +58,18 @@ func (db *DB) migrateTo(ctx context.Context, want int) error {
 	}
 	defer conn.Release()
 	key := hashKey("runstate/migrate/" + db.schema)
+	// The wait for a concurrent migration is the caller's context's to
+	// bound, not the server's lock_timeout or statement_timeout: lifted
+	// for this connection's session, which is closed after (the lock ends
+	// with it too), so that the pool never hands out a connection whose
+	// timeouts were lifted.
+	defer conn.Conn().PgConn().Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, noTimeoutsSessionSQL); err != nil {
+		return db.connectError(err)
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		return fmt.Errorf("pgstore: lock the schema %s for its migration: %w", db.schema, err)
 	}
-	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", key); err != nil {
-			conn.Conn().PgConn().Close(context.WithoutCancel(ctx)) // the lock ends with the connection
-		}
-	}()
 	tx, err := conn.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return db.connectError(err)

@@ -218,6 +218,9 @@ func (s *session) tryRehold(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, noTimeoutsSQL); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, s.db.sql("SELECT 1 FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE"), s.runID); err != nil {
 		return err
 	}
