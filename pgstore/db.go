@@ -245,9 +245,12 @@ var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 // call waits is its context's to bound (Options.LockTimeout), as with a
 // run directory's flock. Before, a Do whose Lock waited longer than a
 // server's lock_timeout failed with the server's bare "canceling
-// statement due to lock timeout".
-const noTimeoutsSQL = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)"
+// statement due to lock timeout". It lifts
+// idle_in_transaction_session_timeout too: a locked batch's transaction
+// is idle while the Run decides (a GC pause, an Alive probe, a loaded
+// machine), and the server would end the session (25P03) and the batch.
+const noTimeoutsSQL = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true), set_config('idle_in_transaction_session_timeout', '0', true)"
 
 // noTimeoutsSessionSQL is noTimeoutsSQL for a session (the migration's
 // connection, closed after).
-const noTimeoutsSessionSQL = "SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false)"
+const noTimeoutsSessionSQL = "SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false), set_config('idle_in_transaction_session_timeout', '0', false)"

@@ -21,8 +21,9 @@
 // READ COMMITTED, whatever default_transaction_isolation the server,
 // database, role or DSN sets: a stricter level made a second session's
 // Lock fail with a serialization error; and without the server's
-// lock_timeout and statement_timeout where it waits for a lock: the
-// call's context bounds the wait): one
+// lock_timeout, statement_timeout and idle_in_transaction_session_timeout
+// where it waits for a lock or decides under one: the call's context
+// bounds the wait): one
 // pipelined round trip to lock the head, probe the session's own lock and
 // read what others appended, one to insert the records, move the head
 // (compare-and-set) and COMMIT. When the session's position is still the

@@ -288,3 +288,31 @@ func TestStoreFailedSyncIsNotResentByUnlock(t *testing.T) {
 	pos := appendLines(t, a, runstate.Position{}, sa, 1, true)
 	assert.Equal(t, int64(1), pos.Seq)
 }
+
+// A locked batch whose transaction sits idle longer than the server's
+// idle_in_transaction_session_timeout (a slow decision: a GC pause, an
+// Alive probe, a loaded machine) still commits: the Lock's transaction
+// lifts it, as lock_timeout and statement_timeout.
+func TestLockedBatchOutlivesTheServersIdleInTransactionTimeout(t *testing.T) {
+	ctx := context.Background()
+	base := newTestDB(t)
+	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&idle_in_transaction_session_timeout=100")
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	s := db.Store("idle")
+	session := newSessionID()
+	_, at, err := s.Open(ctx, session)
+	require.NoError(t, err)
+	defer s.Close(true)
+	at = appendLines(t, s, at, session, 1, true)
+	b, err := s.Lock(ctx, at)
+	require.NoError(t, err)
+	defer b.Abort()
+	time.Sleep(400 * time.Millisecond) // idle in the Lock's transaction
+	line := fmt.Sprintf(`{"seq":%d,"ev":"note","session":%q,"prev":%q}`, at.Seq+1, session, at.Hash)
+	to := runstate.Position{Seq: at.Seq + 1, Hash: lineHash([]byte(line)), End: at.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+	require.NoError(t, b.Append([]*runstate.Record{{Seq: to.Seq, At: b.Now(), Ev: "note", Session: session}}, []byte(line+"\n"), to))
+	require.NoError(t, b.Sync(ctx))
+	require.NoError(t, b.Unlock())
+	assert.Len(t, readAll(t, s), int(to.Seq))
+}
