@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -58,5 +59,31 @@ func newTestDB(t testing.TB) *DB {
 	db, err := Connect(context.Background(), withSchema(testDSN(t), newSchema(t)))
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
+	return db
+}
+
+// serverSetting is a server setting a test connects with, as a user's,
+// database's or server's default could set it: its DSN value, and the
+// value current_setting then shows.
+type serverSetting struct{ name, value, shows string }
+
+// connectWith connects to base's schema with settings as DSN parameters,
+// checks that each reached the connection, and closes the DB when the
+// test ends, after the cleanups registered later (the runs' Close).
+func connectWith(t *testing.T, base *DB, settings ...serverSetting) *DB {
+	t.Helper()
+	ctx := context.Background()
+	dsn := withSchema(testDSN(t), base.schema)
+	for _, s := range settings {
+		dsn += "&" + s.name + "=" + url.PathEscape(s.value)
+	}
+	db, err := Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	for _, s := range settings {
+		var got string
+		require.NoError(t, db.pool.QueryRow(ctx, "SELECT current_setting($1)", s.name).Scan(&got))
+		require.Equal(t, s.shows, got, "the DSN's %s reached the connection", s.name)
+	}
 	return db
 }

@@ -149,15 +149,10 @@ func TestBetCommitIsLazyExactlyWhenConfirmed(t *testing.T) {
 // depend on a setting the user may not know about. A batch of begins
 // still commits lazily.
 func TestSyncCommitsAreSynchronousWhateverTheConnectionSays(t *testing.T) {
-	ctx := context.Background()
 	base := newTestDB(t)
 	setting := noteCommitSetting(t, base)
-	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&synchronous_commit=off")
-	require.NoError(t, err)
-	defer db.Close()
-	var conf string
-	require.NoError(t, db.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&conf))
-	require.Equal(t, "off", conf, "the DSN's setting reached the connection")
+	db := connectWith(t, base, serverSetting{"synchronous_commit", "off", "off"})
+	var err error
 
 	s, session, at := openBetting(t, db, "dsn-off")
 	for _, shape := range betShapes {

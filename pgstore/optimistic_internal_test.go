@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -528,12 +527,7 @@ func TestSessionsShareARunAtAnyDefaultIsolation(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				base := newTestDB(t)
-				db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&default_transaction_isolation="+url.PathEscape(iso))
-				require.NoError(t, err)
-				t.Cleanup(db.Close) // after the runs' Close (cleanups run last first)
-				var got string
-				require.NoError(t, db.pool.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&got))
-				require.Equal(t, iso, got, "the DSN's setting reached the connection")
+				db := connectWith(t, base, serverSetting{"default_transaction_isolation", iso, iso})
 				const sessions, workers, ops = 2, 3, 12
 				var runs []*runstate.Run
 				var stores []*store
@@ -580,12 +574,7 @@ func TestSessionsShareARunAtAnyDefaultIsolation(t *testing.T) {
 func TestLockWaitsPastTheServersTimeouts(t *testing.T) {
 	ctx := context.Background()
 	base := newTestDB(t)
-	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&lock_timeout=100&statement_timeout=200")
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	var lt, st string
-	require.NoError(t, db.pool.QueryRow(ctx, "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").Scan(&lt, &st))
-	require.Equal(t, [2]string{"100ms", "200ms"}, [2]string{lt, st}, "the DSN's settings reached the connection")
+	db := connectWith(t, base, serverSetting{"lock_timeout", "100", "100ms"}, serverSetting{"statement_timeout", "200", "200ms"})
 	a, _ := openOptimist(t, db, "timeouts")
 	require.NoError(t, a.Do(ctx, "first", func(context.Context, *runstate.Stage) error { return nil }))
 

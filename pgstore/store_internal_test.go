@@ -296,9 +296,7 @@ func TestStoreFailedSyncIsNotResentByUnlock(t *testing.T) {
 func TestLockedBatchOutlivesTheServersIdleInTransactionTimeout(t *testing.T) {
 	ctx := context.Background()
 	base := newTestDB(t)
-	db, err := Connect(ctx, withSchema(testDSN(t), base.schema)+"&idle_in_transaction_session_timeout=100")
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := connectWith(t, base, serverSetting{"idle_in_transaction_session_timeout", "100", "100ms"})
 	s := db.Store("idle")
 	session := newSessionID()
 	_, at, err := s.Open(ctx, session)
