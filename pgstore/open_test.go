@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/runstate/runstate"
@@ -74,4 +75,36 @@ func TestCloseWritesProjectionsAtTheLastRecord(t *testing.T) {
 	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT handoff_seq, handoff FROM {s}.projections WHERE run_id = $1`), runID).Scan(&handoffSeq, &handoff))
 	assert.Equal(t, int64(len(lines)), handoffSeq)
 	assert.NotEmpty(t, handoff)
+}
+
+// A run name follows the rule of a stage name (valid UTF-8 of at most 256
+// bytes, no control character, no space at either end): anything else is
+// refused with ErrInvalid naming the rule, before the database sees it,
+// by Open, by OpenStore on db.Store, and by the readers. Before, a NUL or
+// a byte that is not UTF-8 came back as the server's "invalid byte
+// sequence" (with the NUL in the message), a newline was taken, and a
+// name of some kilobytes failed the unique index.
+func TestRunNamesFollowTheStageNameRule(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	long := strings.Repeat("n", 257)
+	for _, name := range []string{"a\x00b", "bad\xffutf8", "two\nlines", "tab\there", " lead", "trail ", long} {
+		_, err := db.Open(ctx, name, t.TempDir(), &runstate.Options{Request: "r"})
+		require.ErrorIs(t, err, runstate.ErrInvalid, "Open(%q)", name)
+		assert.Contains(t, err.Error(), "run name")
+		assert.NotContains(t, err.Error(), "\x00", "the message quotes the name")
+		assert.NotContains(t, err.Error(), "\n", "the message quotes the name")
+		_, err = runstate.OpenStore(db.Store(name), t.TempDir(), &runstate.Options{Request: "r"})
+		require.ErrorIs(t, err, runstate.ErrInvalid, "OpenStore(%q)", name)
+		_, err = db.Inspect(ctx, name)
+		require.ErrorIs(t, err, runstate.ErrInvalid, "Inspect(%q)", name)
+	}
+	names, err := db.Runs(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, names, "nothing was created")
+	for _, name := range []string{"billing-2026-11-29", "ünïcode run", "x?run=y&schema=z", "../../etc", strings.Repeat("n", 256)} {
+		r, err := db.Open(ctx, name, t.TempDir(), &runstate.Options{Request: "r"})
+		require.NoError(t, err, "Open(%q)", name)
+		require.NoError(t, r.Close())
+	}
 }

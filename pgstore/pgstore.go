@@ -33,10 +33,12 @@ import (
 // the run. They are views, never read back: the database is the truth.
 //
 // Open fails with runstate.ErrMismatch when the run serves another
-// Request, as Open does for a directory.
+// Request, as Open does for a directory, and with runstate.ErrInvalid
+// for a run name that breaks the rule of stage names (valid UTF-8 of at
+// most 256 bytes, no control character, no space at either end).
 func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Options) (*runstate.Run, error) {
-	if run == "" {
-		return nil, fmt.Errorf("%w: pgstore: Open needs a run name", runstate.ErrInvalid)
+	if err := checkRunName(run); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -5,7 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -46,8 +49,8 @@ func (db *DB) Store(run string) runstate.Store {
 // racing sessions: INSERT ... ON CONFLICT DO NOTHING), takes the session's
 // lock and returns the newest projection that still matches the records.
 func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Position, error) {
-	if s.name == "" {
-		return nil, runstate.Position{}, errors.New("pgstore: Open needs a run name")
+	if err := checkRunName(s.name); err != nil {
+		return nil, runstate.Position{}, err
 	}
 	if _, err := uuid.Parse(session); err != nil {
 		return nil, runstate.Position{}, fmt.Errorf("pgstore: session id %q is not a UUID", session)
@@ -87,6 +90,9 @@ func (s *store) id(ctx context.Context) (string, error) {
 	s.mu.Unlock()
 	if id != "" {
 		return id, nil
+	}
+	if err := checkRunName(s.name); err != nil {
+		return "", err
 	}
 	err := s.db.pool.QueryRow(ctx, s.db.sql(`SELECT id::text FROM {s}.runs WHERE name = $1`), s.name).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -250,3 +256,25 @@ func (s *store) session() (*session, error) {
 	}
 	return s.ses, nil
 }
+
+// checkRunName refuses run names a person could not read back or type,
+// by the rule of stage names (runstate's checkName): valid UTF-8 of at
+// most maxRunName bytes, no control character (a NUL the database
+// refuses, a newline that would split a line of a listing or an error),
+// no space at either end. The error quotes the name.
+func checkRunName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: pgstore: an empty run name", runstate.ErrInvalid)
+	case len(name) > maxRunName || !utf8.ValidString(name):
+		return fmt.Errorf("%w: pgstore: run name %.40q...: a run name is valid UTF-8 of at most %d bytes", runstate.ErrInvalid, name, maxRunName)
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: pgstore: run name %q has a control character", runstate.ErrInvalid, name)
+	case strings.TrimSpace(name) != name:
+		return fmt.Errorf("%w: pgstore: run name %q starts or ends with a space", runstate.ErrInvalid, name)
+	}
+	return nil
+}
+
+// maxRunName is the longest run name, in bytes: a stage name's limit.
+const maxRunName = 256
