@@ -193,3 +193,27 @@ func TestReadOnlyServerIsNamedWithWhatToDo(t *testing.T) {
 	assert.Contains(t, err.Error(), "connect to the primary")
 	assert.Contains(t, err.Error(), "ConnectReadOnly")
 }
+
+// A server with no connection slot left for the user (its CONNECTION
+// LIMIT here; as well max_connections) is named as such, with what to
+// do, not as a server that does not run.
+func TestConnectPastTheConnectionLimitSaysSo(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t)
+	admin, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	role := schema + "_none"
+	_, err = admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN CONNECTION LIMIT 0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
+	u, err := url.Parse(withSchema(dsn, schema))
+	require.NoError(t, err)
+	u.User = url.User(role)
+	_, err = Connect(context.Background(), u.String())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "53300")
+	assert.Contains(t, err.Error(), "no connection slot")
+	assert.Contains(t, err.Error(), "pool_max_conns")
+	assert.NotContains(t, err.Error(), "check that the server runs")
+}
