@@ -82,19 +82,11 @@ func TestConnectWithoutCreateRightNamesTheGrant(t *testing.T) {
 	schema := newSchema(t)
 	admin, err := pgx.Connect(context.Background(), dsn)
 	require.NoError(t, err)
-	defer admin.Close(context.Background())
+	t.Cleanup(func() { admin.Close(context.Background()) }) // after the roles are dropped
 	role := schema + "_user"
-	_, err = admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
-	})
+	asRole := roleDSN(t, admin, withSchema(dsn, schema), role, "")
 	_, _ = admin.Exec(context.Background(), "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-	u, err := url.Parse(withSchema(dsn, schema))
-	require.NoError(t, err)
-	u.User = url.User(role)
-	_, err = Connect(context.Background(), u.String())
+	_, err = Connect(context.Background(), asRole)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "GRANT CREATE ON DATABASE")
 	assert.Contains(t, err.Error(), role)
@@ -106,7 +98,7 @@ func TestConnectWithoutCreateRightNamesTheGrant(t *testing.T) {
 	db.Close()
 	_, err = admin.Exec(context.Background(), fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %s", schema, role, schema, role))
 	require.NoError(t, err)
-	db, err = Connect(context.Background(), u.String())
+	db, err = Connect(context.Background(), asRole)
 	require.NoError(t, err, "a user with table rights uses a current schema")
 	db.Close()
 }
@@ -202,18 +194,28 @@ func TestConnectPastTheConnectionLimitSaysSo(t *testing.T) {
 	schema := newSchema(t)
 	admin, err := pgx.Connect(context.Background(), dsn)
 	require.NoError(t, err)
-	defer admin.Close(context.Background())
-	role := schema + "_none"
-	_, err = admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN CONNECTION LIMIT 0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
-	u, err := url.Parse(withSchema(dsn, schema))
-	require.NoError(t, err)
-	u.User = url.User(role)
-	_, err = Connect(context.Background(), u.String())
+	t.Cleanup(func() { admin.Close(context.Background()) }) // after the roles are dropped
+	_, err = Connect(context.Background(), roleDSN(t, admin, withSchema(dsn, schema), schema+"_none", "CONNECTION LIMIT 0"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "53300")
 	assert.Contains(t, err.Error(), "no connection slot")
 	assert.Contains(t, err.Error(), "pool_max_conns")
 	assert.NotContains(t, err.Error(), "check that the server runs")
+}
+
+// roleDSN creates the login role role (with opts, such as "CONNECTION
+// LIMIT 0"), dropped with what it owns when the test ends, and returns
+// dsn as that role.
+func roleDSN(t *testing.T, admin *pgx.Conn, dsn, role, opts string) string {
+	t.Helper()
+	_, err := admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN "+opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	return u.String()
 }
