@@ -93,20 +93,29 @@ func fingerprint(data []byte) string {
 }
 
 // checkName refuses stage names a person could not read back.
-func checkName(name string) error {
+func checkName(name string) error { return CheckName("stage name", name) }
+
+// CheckName is the rule of stage names, for other names a person reads
+// back and types (a store's run names): valid UTF-8 of at most 256 bytes,
+// no control character (a NUL, a newline that would split a line of the
+// handoff, a listing or an error), no space at either end. The error
+// wraps ErrInvalid and names what, the kind of name ("stage name", "run
+// name"), quoting the name. It reads and writes nothing; safe for
+// concurrent use.
+func CheckName(what, name string) error {
 	if name == "" {
-		return fmt.Errorf("%w: empty stage name", ErrInvalid)
+		return fmt.Errorf("%w: empty %s", ErrInvalid, what)
 	}
 	if len(name) > 256 || !utf8.ValidString(name) {
-		return fmt.Errorf("%w: stage name %.40q... must be valid UTF-8 of at most 256 bytes", ErrInvalid, name)
+		return fmt.Errorf("%w: %s %.40q... must be valid UTF-8 of at most 256 bytes", ErrInvalid, what, name)
 	}
 	for _, c := range name {
 		if unicode.IsControl(c) {
-			return fmt.Errorf("%w: stage name %q has a control character", ErrInvalid, name)
+			return fmt.Errorf("%w: %s %q has a control character", ErrInvalid, what, name)
 		}
 	}
 	if strings.TrimSpace(name) != name {
-		return fmt.Errorf("%w: stage name %q starts or ends with a space", ErrInvalid, name)
+		return fmt.Errorf("%w: %s %q starts or ends with a space", ErrInvalid, what, name)
 	}
 	return nil
 }

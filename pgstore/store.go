@@ -5,10 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -258,23 +255,7 @@ func (s *store) session() (*session, error) {
 }
 
 // checkRunName refuses run names a person could not read back or type,
-// by the rule of stage names (runstate's checkName): valid UTF-8 of at
-// most maxRunName bytes, no control character (a NUL the database
-// refuses, a newline that would split a line of a listing or an error),
-// no space at either end. The error quotes the name.
-func checkRunName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: pgstore: an empty run name", runstate.ErrInvalid)
-	case len(name) > maxRunName || !utf8.ValidString(name):
-		return fmt.Errorf("%w: pgstore: run name %.40q...: a run name is valid UTF-8 of at most %d bytes", runstate.ErrInvalid, name, maxRunName)
-	case strings.IndexFunc(name, unicode.IsControl) >= 0:
-		return fmt.Errorf("%w: pgstore: run name %q has a control character", runstate.ErrInvalid, name)
-	case strings.TrimSpace(name) != name:
-		return fmt.Errorf("%w: pgstore: run name %q starts or ends with a space", runstate.ErrInvalid, name)
-	}
-	return nil
-}
-
-// maxRunName is the longest run name, in bytes: a stage name's limit.
-const maxRunName = 256
+// by the rule of stage names (runstate.CheckName): a NUL the database
+// refuses, a newline that would split a line of a listing or an error,
+// a name too long for the runs table's unique index.
+func checkRunName(name string) error { return runstate.CheckName("pgstore: run name", name) }
