@@ -80,13 +80,11 @@ func TestConnectRefusesNewerSchemaVersion(t *testing.T) {
 func TestConnectWithoutCreateRightNamesTheGrant(t *testing.T) {
 	dsn := testDSN(t)
 	schema := newSchema(t)
-	admin, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) }) // after the roles are dropped
+	admin := adminConn(t, dsn)
 	role := schema + "_user"
 	asRole := roleDSN(t, admin, withSchema(dsn, schema), role, "")
 	_, _ = admin.Exec(context.Background(), "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-	_, err = Connect(context.Background(), asRole)
+	_, err := Connect(context.Background(), asRole)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "GRANT CREATE ON DATABASE")
 	assert.Contains(t, err.Error(), role)
@@ -192,10 +190,8 @@ func TestReadOnlyServerIsNamedWithWhatToDo(t *testing.T) {
 func TestConnectPastTheConnectionLimitSaysSo(t *testing.T) {
 	dsn := testDSN(t)
 	schema := newSchema(t)
-	admin, err := pgx.Connect(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) }) // after the roles are dropped
-	_, err = Connect(context.Background(), roleDSN(t, admin, withSchema(dsn, schema), schema+"_none", "CONNECTION LIMIT 0"))
+	admin := adminConn(t, dsn)
+	_, err := Connect(context.Background(), roleDSN(t, admin, withSchema(dsn, schema), schema+"_none", "CONNECTION LIMIT 0"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "53300")
 	assert.Contains(t, err.Error(), "no connection slot")
@@ -218,4 +214,15 @@ func roleDSN(t *testing.T, admin *pgx.Conn, dsn, role, opts string) string {
 	require.NoError(t, err)
 	u.User = url.User(role)
 	return u.String()
+}
+
+// adminConn connects as the tests' user (a superuser, who makes roles),
+// and closes the connection when the test ends, after the cleanups
+// registered later (roleDSN's, which drop the roles).
+func adminConn(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	admin, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return admin
 }

@@ -254,5 +254,5 @@ var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 const noTimeoutsSQL = "SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true), set_config('idle_in_transaction_session_timeout', '0', true)"
 
 // noTimeoutsSessionSQL is noTimeoutsSQL for a session (the migration's
-// connection, closed after).
-const noTimeoutsSessionSQL = "SELECT set_config('lock_timeout', '0', false), set_config('statement_timeout', '0', false), set_config('idle_in_transaction_session_timeout', '0', false)"
+// connection, closed after): set_config not local to the transaction.
+var noTimeoutsSessionSQL = strings.ReplaceAll(noTimeoutsSQL, "'0', true)", "'0', false)")

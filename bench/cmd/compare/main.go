@@ -188,7 +188,7 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 	}
 
 	loadBefore := kit.Loadavg()
-	fileBefore, err := kit.FileCreation(base, 200)
+	fileBefore, err := kit.FileCreation(base, kit.FileCreationFiles)
 	if err != nil {
 		return err
 	}
@@ -223,7 +223,7 @@ func run(chosen []contenderInfo, rounds, ops, goroutines, warmup int, dir string
 		fmt.Fprintf(os.Stderr, "%s %d/%d done (%.0fs)\n", label, r+1, total, time.Since(start).Seconds())
 	}
 	took := time.Since(start)
-	fileAfter, err := kit.FileCreation(base, 200)
+	fileAfter, err := kit.FileCreation(base, kit.FileCreationFiles)
 	if err != nil {
 		return err
 	}

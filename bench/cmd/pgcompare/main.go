@@ -250,7 +250,7 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 		entries = append(entries, e)
 	}
 	b.loadB = kit.Loadavg()
-	if b.fileB, err = kit.FileCreation(b.work, 200); err != nil {
+	if b.fileB, err = kit.FileCreation(b.work, kit.FileCreationFiles); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -311,7 +311,7 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 		fmt.Fprintf(os.Stderr, "%s %d/%d done (%.0fs)\n", label, r+1, total, time.Since(start).Seconds())
 	}
 	b.loadA = kit.Loadavg()
-	if b.fileA, err = kit.FileCreation(b.work, 200); err != nil {
+	if b.fileA, err = kit.FileCreation(b.work, kit.FileCreationFiles); err != nil {
 		return err
 	}
 	b.report(entries, time.Since(start))

@@ -51,6 +51,9 @@ func FileCreation(dir string, n int) (time.Duration, error) {
 	return Median(times), nil
 }
 
+// FileCreationFiles is how many files the programs' FileCreation makes.
+const FileCreationFiles = 200
+
 // slowFileCreation is a FileCreation median above which the output
 // files' figures of a run mostly measure the file system's recent
 // deletions.
@@ -60,7 +63,7 @@ const slowFileCreation = 60 * time.Microsecond
 // after the rounds, with a warning when it was slow and the run wrote
 // output files.
 func FileCreationLines(before, after time.Duration, outputs bool) string {
-	s := fmt.Sprintf("creating a small file in the working directory: %.0f µs before the rounds, %.0f µs after (median of 200)\n", US(before), US(after))
+	s := fmt.Sprintf("creating a small file in the working directory: %.0f µs before the rounds, %.0f µs after (median of %d)\n", US(before), US(after), FileCreationFiles)
 	if outputs && max(before, after) > slowFileCreation {
 		s += fmt.Sprintf("WARNING: file creation is slow here, above %.0f µs: the output files' figures mostly measure the file system's\n"+
 			"recent deletions (ext4 skips the inodes deleted in the last minutes one by one). Rerun some minutes after the last mass deletion.\n",
