@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -25,9 +26,43 @@ import (
 // asking the store whether it has them.
 const putUnasked = 64 << 10
 
-// storeOutputs puts the bytes of outs that the store lacks, read from the
-// local directory, before the record that names them is committed.
-func (r *Run) storeOutputs(ctx context.Context, outs []Output) error {
+// keptMax is how many bytes of a stage's small WriteFile outputs the stage
+// keeps, where the store keeps blobs, so that Complete stores them from
+// memory instead of opening and reading each file again (8 system calls an
+// output).
+const keptMax = 1 << 20
+
+// kept is the bytes of a small output that WriteFile wrote, with their
+// hex SHA-256: what the record names unless the output was declared again
+// with Output since (then hashed from the file, and read from it).
+type kept struct {
+	sum  string
+	data []byte
+}
+
+// keep notes data, which WriteFile wrote to rel and hashed to sum, when
+// the store keeps outputs' bytes and the stage's kept bytes stay within
+// keptMax. The caller holds st.mu.
+func (st *Stage) keep(rel, sum string, data []byte) {
+	if k, ok := st.kept[rel]; ok {
+		st.keptBytes -= len(k.data)
+		delete(st.kept, rel)
+	}
+	if st.run.store.Blobs() == nil || len(data) > putUnasked || st.keptBytes+len(data) > keptMax {
+		return
+	}
+	if st.kept == nil {
+		st.kept = map[string]kept{}
+	}
+	st.kept[rel] = kept{sum: sum, data: bytes.Clone(data)}
+	st.keptBytes += len(data)
+}
+
+// storeOutputs puts the bytes of outs that the store lacks before the
+// record that names them is committed: from kept (the bytes WriteFile
+// wrote, when the record names them) or else read from the local
+// directory.
+func (r *Run) storeOutputs(ctx context.Context, outs []Output, kept map[string]kept) error {
 	bs := r.store.Blobs()
 	if bs == nil || len(outs) == 0 {
 		return nil
@@ -58,6 +93,12 @@ func (r *Run) storeOutputs(ctx context.Context, outs []Output) error {
 			continue
 		}
 		need[o.SHA256] = false // once per content
+		if k, ok := kept[o.Path]; ok && k.sum == o.SHA256 {
+			if err := bs.Put(ctx, o.SHA256, o.Size, bytes.NewReader(k.data)); err != nil {
+				return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
+			}
+			continue
+		}
 		if err := r.putOutput(ctx, bs, o); err != nil {
 			return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
 		}

@@ -32,10 +32,12 @@ type Stage struct {
 	// ends, or when the Run turns read-only (attempts.go holds its cancel).
 	ctx context.Context
 
-	mu       sync.Mutex
-	outputs  map[string]Output // recorded by WriteFile, hashed
-	declared []string          // recorded by Output, hashed at Complete
-	ended    bool
+	mu        sync.Mutex
+	outputs   map[string]Output // recorded by WriteFile, hashed
+	kept      map[string]kept   // WriteFile's bytes of small outputs (blobs.go)
+	keptBytes int               // their sum
+	declared  []string          // recorded by Output, hashed at Complete
+	ended     bool
 
 	plan   []string // declared by Plan (nil: not called)
 	reason string   // why this attempt runs (Reason)
@@ -112,8 +114,12 @@ func (st *Stage) closedOr(err error) error {
 // byte (ErrInvalid). A new file gets mode 0o644 less the umask and less
 // the group and other bits the ledger lacks (see the package doc).
 // Nothing is written to the ledger until Complete or Await records the
-// output. Safe for concurrent use; after the attempt ended it returns
-// ErrClosed.
+// output. Where the store keeps outputs' bytes (pgstore), WriteFile also
+// keeps a copy of an output of up to 64 KiB (up to 1 MiB a stage), and
+// Complete stores those bytes, the ones its record names, without reading
+// the file again; any other output is read from its file then, and
+// Complete fails if it changed since WriteFile. Safe for concurrent use; after the
+// attempt ended it returns ErrClosed.
 func (st *Stage) WriteFile(path string, data []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -128,7 +134,9 @@ func (st *Stage) WriteFile(path string, data []byte) error {
 		return st.closedOr(err)
 	}
 	h := sha256.Sum256(data)
-	st.outputs[rel] = Output{Path: rel, SHA256: hex.EncodeToString(h[:]), Size: int64(len(data))}
+	sum := hex.EncodeToString(h[:])
+	st.outputs[rel] = Output{Path: rel, SHA256: sum, Size: int64(len(data))}
+	st.keep(rel, sum, data)
 	return nil
 }
 
@@ -193,7 +201,7 @@ func (st *Stage) endOutputs() ([]Output, error) {
 	if err != nil {
 		return nil, st.closedOr(err)
 	}
-	if err := st.run.storeOutputs(context.Background(), outs); err != nil {
+	if err := st.run.storeOutputs(context.Background(), outs, st.kept); err != nil {
 		return nil, st.closedOr(err)
 	}
 	return outs, nil

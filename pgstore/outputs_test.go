@@ -3,6 +3,7 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -112,4 +113,68 @@ func TestOutputOverMaxBlobRefusedClearly(t *testing.T) {
 	assert.Contains(t, err.Error(), "MaxBlob")
 	assert.Contains(t, err.Error(), "big")
 	require.NoError(t, st.Fail(err))
+}
+
+// Complete stores the bytes that WriteFile wrote, the ones its record
+// names, even when the file changed on disk since; an output declared
+// again with Output is read from the file (its record names the file's
+// hash); and past the 1 MiB a stage keeps in memory, an output is read
+// from its file too, where a change since WriteFile fails Complete and
+// names the output.
+func TestCompleteStoresTheBytesWriteFileWrote(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dirA, dirB := t.TempDir(), t.TempDir()
+	opts := &runstate.Options{Request: "the bytes WriteFile wrote"}
+	a, err := db.Open(ctx, "r", dirA, opts)
+	require.NoError(t, err)
+	defer a.Close()
+	require.NoError(t, a.Do(ctx, "make", func(ctx context.Context, st *runstate.Stage) error {
+		if err := st.WriteFile("out/kept.txt", []byte("written\n")); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dirA, "out", "kept.txt"), []byte("changed after\n"), 0o644); err != nil {
+			return err
+		}
+		if err := st.WriteFile("out/declared.txt", []byte("written\n")); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dirA, "out", "declared.txt"), []byte("changed, then declared\n"), 0o644); err != nil {
+			return err
+		}
+		return st.Output("out/declared.txt")
+	}))
+
+	b, err := db.Open(ctx, "r", dirB, opts)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Do(ctx, "use", func(context.Context, *runstate.Stage) error { return nil }, runstate.After("make")))
+	for name, want := range map[string]string{"kept.txt": "written\n", "declared.txt": "changed, then declared\n"} {
+		got, err := os.ReadFile(filepath.Join(dirB, "out", name))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(got), name)
+	}
+
+	// 17 outputs of 64 KiB: the 17th is past the 1 MiB kept, and read
+	// from its file at Complete.
+	st, err := a.Begin(ctx, "many")
+	require.NoError(t, err)
+	for i := range 17 {
+		require.NoError(t, st.WriteFile(fmt.Sprintf("many/%02d", i), bytes.Repeat([]byte{byte('a' + i)}, 64<<10)))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dirA, "many", "16"), []byte("changed after\n"), 0o644))
+	err = st.Complete()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "many/16")
+	assert.Contains(t, err.Error(), "changed while it was stored")
+	require.NoError(t, st.Fail(err))
+
+	// One output written 20 times counts once against the 1 MiB.
+	st, err = a.Begin(ctx, "again")
+	require.NoError(t, err)
+	for i := range 20 {
+		require.NoError(t, st.WriteFile("again/one", bytes.Repeat([]byte{byte('a' + i)}, 64<<10)))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dirA, "again", "one"), []byte("changed after\n"), 0o644))
+	require.NoError(t, st.Complete())
 }
