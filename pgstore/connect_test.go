@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -225,4 +227,22 @@ func adminConn(t *testing.T, dsn string) *pgx.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { admin.Close(context.Background()) })
 	return admin
+}
+
+// A server that accepts no connections now (57P03: starting up, shutting
+// down, or, here, a standby in recovery with hot_standby off) is named as
+// such, with what to do, not as a server that does not run.
+func TestConnectToAServerThatAcceptsNoConnectionsNowSaysSo(t *testing.T) {
+	s := startServer(t, nil, nil)
+	require.NoError(t, s.run("pg_ctl", "-D", s.data, "-m", "fast", "-w", "stop"))
+	require.NoError(t, os.WriteFile(filepath.Join(s.data, "standby.signal"), nil, 0o644))
+	s.settings = append(s.settings, "hot_standby=off")
+	s.start(t)
+	_, err := Connect(context.Background(), s.dsn("127.0.0.1"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "57P03")
+	assert.Contains(t, err.Error(), "accepts no connections now")
+	assert.Contains(t, err.Error(), "(Hot standby mode is disabled)", "the server's detail")
+	assert.Contains(t, err.Error(), "pg_isready")
+	assert.NotContains(t, err.Error(), "check that the server runs")
 }

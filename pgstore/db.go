@@ -172,6 +172,12 @@ func (db *DB) connectError(err error) error {
 			return fmt.Errorf("pgstore: cannot connect to %s: %w; check the user and password in the DSN (or PGPASSWORD, ~/.pgpass) and pg_hba.conf", db.where, err)
 		case "3D000":
 			return fmt.Errorf("pgstore: cannot connect to %s: %w; create the database (createdb) or name another in the DSN", db.where, err)
+		case "57P03":
+			detail := ""
+			if pe.Detail != "" {
+				detail = " (" + strings.TrimSuffix(pe.Detail, ".") + ")"
+			}
+			return fmt.Errorf("pgstore: cannot connect to %s: %w%s; the server runs but accepts no connections now: it is starting up, shutting down, or a standby in recovery (with hot_standby off): retry when pg_isready says it accepts connections, or connect to the primary", db.where, err, detail)
 		case "53300":
 			return fmt.Errorf("pgstore: cannot connect to %s: %w; the server has no connection slot left for this user (max_connections, or the role's or database's CONNECTION LIMIT): each open Run holds a lock connection of its own besides the pool's (up to pool_max_conns in the DSN, at least 8): raise the limit, or lower pool_max_conns, or close idle programs", db.where, err)
 		}
