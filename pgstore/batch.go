@@ -546,6 +546,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
 ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, "end" = excluded."end",
   last_len = excluded.last_len, crc = excluded.crc, manifest = excluded.manifest, at = excluded.at
 WHERE p.seq < excluded.seq`
+	// lz4SQL makes the transaction store the manifest it writes next with
+	// lz4 instead of the server's default, pglz: a manifest is O(stages)
+	// (6 MB for 8000 stages with an output each), and pglz took 25-40 ms
+	// to store one here, lz4 4-5 ms (29% larger: 388 KB against 301 KB),
+	// while the batch that carries it holds the run's head row. Local to
+	// the transaction; values already stored keep their method, and
+	// readers decompress either.
+	lz4SQL = `SELECT set_config('default_toast_compression', 'lz4', true)`
+	// hasLZ4SQL says whether the server can compress with lz4.
+	hasLZ4SQL         = `SELECT EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))`
 	publishHandoffSQL = `INSERT INTO {s}.projections AS p (run_id, handoff_seq, handoff, at) VALUES ($1, $2, $3, clock_timestamp())
 ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff = excluded.handoff, at = excluded.at
 WHERE p.handoff_seq < excluded.handoff_seq`
@@ -556,6 +566,9 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 	m, h := s.pub.take(time.Now(), all)
 	if m != nil {
 		if hash, err := hex.DecodeString(m.at.Hash); err == nil {
+			if s.db.lz4 {
+				pb.Queue(lz4SQL)
+			}
 			pb.Queue(s.db.sql(publishManifestSQL), runID, m.at.Seq, hash, m.at.End, m.at.LastLen, m.at.CRC, m.data)
 		}
 	}

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	"github.com/runstate/runstate"
@@ -41,4 +42,36 @@ func TestCleanCloseLeavesTheDatabasesProjectionsAtTheCloseRecord(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, handoff, "%s: the stored handoff is the one a reader renders", name)
 	}
+}
+
+// A manifest is stored compressed with lz4 where the server has it (CI's
+// has: there the test requires it), the server's default (pglz) otherwise,
+// and reads back whole either way.
+func TestManifestIsStoredWithLZ4WhereTheServerHasIt(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	if os.Getenv("CI") == "true" {
+		require.True(t, db.lz4, "CI's server is built with lz4")
+	}
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "lz4"})
+	require.NoError(t, err)
+	for i := range 60 {
+		require.NoError(t, r.Do(ctx, fmt.Sprintf("s%02d", i), func(ctx context.Context, st *runstate.Stage) error {
+			return st.WriteFile(fmt.Sprintf("out/%02d.txt", i), []byte("some output\n"))
+		}))
+	}
+	require.NoError(t, r.Close())
+	var method *string
+	var size int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT pg_column_compression(manifest), length(manifest) FROM {s}.projections`)).Scan(&method, &size))
+	require.NotNil(t, method, "a manifest of %d bytes is stored compressed", size)
+	want := "pglz"
+	if db.lz4 {
+		want = "lz4"
+	}
+	assert.Equal(t, want, *method)
+	st, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	assert.Len(t, st.Stages, 60)
 }

@@ -34,6 +34,9 @@ type DB struct {
 	// (session.go): the pool's, with keepalives and tcp_user_timeout.
 	lockCfg *pgx.ConnConfig
 	stmts   sync.Map // statement templates → with the schema (sql)
+	// lz4: the server compresses with lz4 (PostgreSQL 14 or later, built
+	// with it): a manifest is stored with it (queuePublish).
+	lz4 bool
 }
 
 // Connect opens a pool to the database dsn names (a postgres:// URL or a
@@ -104,6 +107,12 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	}
 	if write {
 		err = db.migrate(ctx)
+		if err == nil {
+			err = db.pool.QueryRow(ctx, hasLZ4SQL).Scan(&db.lz4)
+			if err != nil {
+				err = db.connectError(err)
+			}
+		}
 	} else {
 		err = db.checkVersion(ctx)
 	}
