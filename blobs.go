@@ -93,20 +93,19 @@ func (r *Run) storeOutputs(ctx context.Context, outs []Output, kept map[string]k
 			continue
 		}
 		need[o.SHA256] = false // once per content
-		if k, ok := kept[o.Path]; ok && k.sum == o.SHA256 {
-			if err := bs.Put(ctx, o.SHA256, o.Size, bytes.NewReader(k.data)); err != nil {
-				return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
-			}
-			continue
-		}
-		if err := r.putOutput(ctx, bs, o); err != nil {
+		if err := r.putOutput(ctx, bs, o, kept); err != nil {
 			return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
 		}
 	}
 	return nil
 }
 
-func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output) error {
+// putOutput puts o's bytes: those WriteFile kept when the record names
+// them, else its file's.
+func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output, kept map[string]kept) error {
+	if k, ok := kept[o.Path]; ok && k.sum == o.SHA256 {
+		return bs.Put(ctx, o.SHA256, o.Size, bytes.NewReader(k.data))
+	}
 	f, err := openRegular(func(flag int) (*os.File, error) { return r.out.root.OpenFile(filepath.FromSlash(o.Path), flag, 0) })
 	if err != nil {
 		return err
