@@ -51,8 +51,10 @@ type DB struct {
 // database cannot be reached, with runstate.ErrVersion when the schema was
 // made by a newer pgstore or holds pgstore's tables without their
 // schema_version rows (emptied or dropped by hand: nothing is migrated
-// then), and, for a user who may not create the schema, with the GRANT to
-// run.
+// then), for a user who may not create the schema, with the GRANT to
+// run, and through a pooler that shares server sessions among clients
+// (pgbouncer pool_mode=transaction: see the package doc, Poolers), with
+// what to do.
 func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
 
 // ConnectReadOnly is Connect for programs that only read runs (a status
@@ -104,6 +106,10 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	if err := db.pool.Ping(ctx); err != nil {
 		db.pool.Close()
 		return nil, db.connectError(err)
+	}
+	if err := db.checkSessions(ctx); err != nil {
+		db.pool.Close()
+		return nil, err
 	}
 	if write {
 		err = db.migrate(ctx)
@@ -187,11 +193,51 @@ func (db *DB) connectError(err error) error {
 				detail = " (" + strings.TrimSuffix(pe.Detail, ".") + ")"
 			}
 			return fmt.Errorf("pgstore: cannot connect to %s: %w%s; the server runs but accepts no connections now: it is starting up, shutting down, or a standby in recovery (with hot_standby off): retry when pg_isready says it accepts connections, or connect to the primary", db.where, err, detail)
+		case "08P01":
+			if p, ok := strings.CutPrefix(pe.Message, "unsupported startup parameter: "); ok {
+				return fmt.Errorf("pgstore: cannot connect to %s: %w; a pooler between pgstore and the server (pgbouncer?) refuses the startup parameter %s, which a session's lock connection sets (tcp_keepalives_idle, _interval, _count and tcp_user_timeout: how the server notices a vanished machine within about 10 s): connect directly, or let the pooler ignore them (pgbouncer: ignore_startup_parameters = %s) and set its own keepalives and tcp_user_timeout toward the clients, as the session's liveness is then the pooler's", db.where, err, p, ignoredParams)
+			}
 		case "53300":
 			return fmt.Errorf("pgstore: cannot connect to %s: %w; the server has no connection slot left for this user (max_connections, or the role's or database's CONNECTION LIMIT): each open Run holds a lock connection of its own besides the pool's (up to pool_max_conns in the DSN, at least 8): raise the limit, or lower pool_max_conns, or close idle programs", db.where, err)
 		}
 	}
 	return fmt.Errorf("pgstore: cannot connect to %s: %w; check that the server runs and accepts connections there (host, port and sslmode in the DSN, listen_addresses, pg_hba.conf)", db.where, err)
+}
+
+// checkSessions makes sure that each of the pool's connections is a
+// server session of its own: a pooler in transaction or statement mode
+// (pgbouncer pool_mode=transaction) hands one server session to client
+// after client, where pgstore's session locks (session.go) and pgx's
+// prepared statements would go to whoever runs next. Two connections at
+// once: a setting made on one for its session must not be seen on the
+// other. A pooler that hands the last server session used to the next
+// client (pgbouncer's default, server_round_robin=0) shows it every time.
+// The simple protocol, so that the check itself prepares nothing.
+func (db *DB) checkSessions(ctx context.Context) error {
+	a, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return db.connectError(err)
+	}
+	defer a.Release()
+	b, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return db.connectError(err)
+	}
+	defer b.Release()
+	token := strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := a.Exec(ctx, "SELECT set_config('runstate.session_probe', $1, false)", pgx.QueryExecModeSimpleProtocol, token); err != nil {
+		return db.connectError(err)
+	}
+	var seen *string
+	err = b.QueryRow(ctx, "SELECT current_setting('runstate.session_probe', true)", pgx.QueryExecModeSimpleProtocol).Scan(&seen)
+	_, _ = a.Exec(ctx, "RESET runstate.session_probe", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return db.connectError(err)
+	}
+	if seen != nil && *seen == token {
+		return fmt.Errorf("pgstore: %s: two of the pool's connections reached one server session (a setting made on one was seen on the other): something between pgstore and the server shares server sessions among clients, such as pgbouncer with pool_mode=transaction or statement; pgstore needs a server session per connection (for its session locks and prepared statements): connect directly, or through a pooler in session mode (pgbouncer pool_mode=session)", db.where)
+	}
+	return nil
 }
 
 // lockConfig is cfg for a session's lock connection: the server drops the
@@ -211,6 +257,10 @@ func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	}
 	return c
 }
+
+// ignoredParams are the startup parameters a pooler must ignore to pass a
+// lock connection (lockConfig), as pgbouncer's ignore_startup_parameters.
+const ignoredParams = "tcp_keepalives_idle,tcp_keepalives_interval,tcp_keepalives_count,tcp_user_timeout"
 
 // userTimeout is the server's tcp_user_timeout on a lock connection: how
 // long an unacknowledged send may wait before the server drops the

@@ -67,6 +67,18 @@
 // server that started less than 10 s ago lost every lock with its restart:
 // within that grace a session opened before the restart counts as alive.
 //
+// # Poolers
+//
+// Each connection must be a server session of its own: the session lock
+// and pgx's prepared statements live in it. Connect refuses a pooler that
+// shares server sessions among clients (pgbouncer pool_mode=transaction
+// or statement) with what to do; one in session mode works. A session's
+// lock connection sets tcp_keepalives_* and tcp_user_timeout, which
+// pgbouncer refuses unless told to ignore them (Open says which); through
+// it, a session's liveness is the pooler's: it must notice a vanished
+// client (its own client keepalives and tcp_user_timeout) and release the
+// lock when the client goes (server_reset_query DISCARD ALL, the default).
+//
 // # Outputs
 //
 // Outputs stay files in each machine's work dir; their bytes are also
