@@ -553,9 +553,7 @@ WHERE p.seq < excluded.seq`
 	// while the batch that carries it holds the run's head row. Local to
 	// the transaction; values already stored keep their method, and
 	// readers decompress either.
-	lz4SQL = `SELECT set_config('default_toast_compression', 'lz4', true)`
-	// hasLZ4SQL says whether the server can compress with lz4.
-	hasLZ4SQL         = `SELECT EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))`
+	lz4SQL            = `SELECT set_config('default_toast_compression', 'lz4', true)`
 	publishHandoffSQL = `INSERT INTO {s}.projections AS p (run_id, handoff_seq, handoff, at) VALUES ($1, $2, $3, clock_timestamp())
 ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff = excluded.handoff, at = excluded.at
 WHERE p.handoff_seq < excluded.handoff_seq`

@@ -246,3 +246,34 @@ func TestConnectToAServerThatAcceptsNoConnectionsNowSaysSo(t *testing.T) {
 	assert.Contains(t, err.Error(), "pg_isready")
 	assert.NotContains(t, err.Error(), "check that the server runs")
 }
+
+// On a server with fsync=off (no commit durable, whatever pgstore does)
+// the handoff warns first, in the working directory's next-steps.txt and
+// in the database's; on one with fsync on it does not.
+func TestHandoffWarnsOfAServerWithoutFsync(t *testing.T) {
+	s := startServerWith(t, nil, nil, []string{"fsync=off"})
+	for _, c := range []struct {
+		dsn  string
+		warn bool
+	}{{withSchema(s.dsn("127.0.0.1"), "runstate"), true}, {withSchema(testDSN(t), newSchema(t)), false}} {
+		db, err := Connect(context.Background(), c.dsn)
+		require.NoError(t, err)
+		dir := t.TempDir()
+		r, err := db.Open(context.Background(), "r", dir, &runstate.Options{Request: "durable?"})
+		require.NoError(t, err)
+		require.NoError(t, r.Do(context.Background(), "a", func(context.Context, *runstate.Stage) error { return nil }))
+		require.NoError(t, r.Close())
+		local, err := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+		require.NoError(t, err)
+		var stored string
+		require.NoError(t, db.pool.QueryRow(context.Background(), db.sql(`SELECT handoff FROM {s}.projections`)).Scan(&stored))
+		db.Close()
+		for _, h := range []string{string(local), stored} {
+			if c.warn {
+				assert.Contains(t, h, "WARNING: the server runs with fsync=off")
+			} else {
+				assert.NotContains(t, h, "fsync=off")
+			}
+		}
+	}
+}

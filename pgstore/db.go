@@ -37,7 +37,13 @@ type DB struct {
 	// lz4: the server compresses with lz4 (PostgreSQL 14 or later, built
 	// with it): a manifest is stored with it (queuePublish).
 	lz4 bool
+	// fsyncOff: the server runs with fsync=off, so that no commit is
+	// durable; the handoff says so (LookAt).
+	fsyncOff bool
 }
+
+// serverSQL reads what Connect notes of the server: fsync off, lz4.
+const serverSQL = `SELECT current_setting('fsync') = 'off', EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))`
 
 // Connect opens a pool to the database dsn names (a postgres:// URL or a
 // key=value string, as pgx reads it) and creates or upgrades the pgstore
@@ -113,14 +119,13 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	}
 	if write {
 		err = db.migrate(ctx)
-		if err == nil {
-			err = db.pool.QueryRow(ctx, hasLZ4SQL).Scan(&db.lz4)
-			if err != nil {
-				err = db.connectError(err)
-			}
-		}
 	} else {
 		err = db.checkVersion(ctx)
+	}
+	if err == nil {
+		if err = db.pool.QueryRow(ctx, serverSQL).Scan(&db.fsyncOff, &db.lz4); err != nil {
+			err = db.connectError(err)
+		}
 	}
 	if err != nil {
 		db.pool.Close()

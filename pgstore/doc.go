@@ -38,7 +38,9 @@
 // server's, database's or role's defaults or the DSN: pgstore sets it for
 // those transactions): when the call returns, its records are in the
 // server's WAL on disk, provided the server runs with fsync on (a server
-// with fsync off makes no commit durable, and pgstore does not check). A
+// with fsync off makes no commit durable: pgstore does not refuse it, as
+// test setups use it, but the run's handoff starts its "look at" lines
+// with a warning). A
 // batch of begins alone commits with
 // synchronous_commit off: visible at once, and durable with the next
 // synchronous commit (WAL is flushed in order), as a run directory's

@@ -217,11 +217,19 @@ func (s *store) Address() string { return s.db.Address(s.name) }
 
 // LookAt is the handoff's "look at:" paragraph for a run in the database:
 // its records, and each machine's local view (views).
+//
+// On a server that runs with fsync=off it warns first: no record there is
+// durable, whatever pgstore does (such a server is fine for tests, and
+// pgstore does not refuse it).
 func (s *store) LookAt() []string {
-	return []string{
+	look := []string{
 		fmt.Sprintf("table %s.records, run %s (the source of truth, one ledger line a row; runstate export writes a logs/ledger.jsonl)", s.db.schema, s.name),
 		"logs/next-steps.txt, manifest.json in a machine's working directory: that session's view, as of the seq they name",
 	}
+	if s.db.fsyncOff {
+		look = append([]string{"WARNING: the server runs with fsync=off: no record is safe from a power loss or an operating system crash there (set fsync=on for runs that matter)"}, look...)
+	}
+	return look
 }
 
 // The files views writes in a working directory, relative to it.
