@@ -710,9 +710,12 @@ func (b *batch) appendError(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "22012", "55P03", "2201F", "40001":
-			if b.opt {
+		case "22012", "55P03", "2201F", "40001", "40P01":
+			if b.opt { // rolled back whole: nothing was written
 				return b.lostBet(pe.Code)
+			}
+			if pe.Code == "40P01" {
+				break
 			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
 		case "23503":

@@ -231,11 +231,12 @@ var betForm = map[string]string{
 // the output's bytes ($18, of $19 bytes), when they are the one small blob
 // the batch carries (a checkpoint's complete): one statement instead of
 // two. The outputs' foreign key is checked at the statement's end, when
-// the blob's row is there.
+// the blob's row is there. The blob's row reads from c, so that its chunk
+// goes in first, as every writer of blobs does (insertOneBlobSQL).
 var betOwnBlobSQL = betNumbered(betLock+`c AS (
-  INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT $16, 0, $18 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+  INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT $16, 0, $18 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING RETURNING 1
 ), bl AS (
-  INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $16, $19, 1 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
+  INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $16, $19, 1 FROM h, (SELECT count(*) FROM c) c WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
 ), `+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$20", "$L", "$21")
 
 const (
@@ -311,6 +312,8 @@ func (b *batch) lostBet(code string) error {
 		return fmt.Errorf("%w: run %s: another session's batch holds the head row", runstate.ErrConflict, b.s.name)
 	case "40001":
 		return fmt.Errorf("%w: run %s: a concurrent transaction conflicts with the bet at this connection's isolation level", runstate.ErrConflict, b.s.name)
+	case "40P01":
+		return fmt.Errorf("%w: run %s: the bet was chosen to end a deadlock", runstate.ErrConflict, b.s.name)
 	case "2201F":
 		if err := b.ses.fenced(); !errors.Is(err, errRehold) {
 			return err

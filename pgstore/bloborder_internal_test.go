@@ -1,0 +1,89 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Every writer of a blob inserts its chunk before its row, so that two
+// transactions storing the same blob never wait for each other in a
+// circle. Here a transaction holds the chunk (as the first of queueInline's
+// two statements for several blobs does) while a writer of one blob waits
+// for it; the holder then inserts the row, which must not wait for the
+// waiter. A writer that inserted the row first (a data-modifying CTE that
+// nothing reads runs after the main statement) deadlocked here: 40P01
+// after deadlock_timeout (seen in TestSessionsShareARunAtAnyDefaultIsolation).
+func TestBlobWritersTakeTheChunkFirst(t *testing.T) {
+	db := newTestDB(t)
+	for _, c := range []struct {
+		name  string
+		write func(t *testing.T, data []byte) error
+	}{
+		{"insertOneBlobSQL", func(t *testing.T, data []byte) error {
+			sum := sha256.Sum256(data)
+			tx, err := db.pool.Begin(context.Background())
+			require.NoError(t, err)
+			defer tx.Rollback(context.Background())
+			if _, err := tx.Exec(context.Background(), db.sql(insertOneBlobSQL), sum[:], data, int64(len(data))); err != nil {
+				return err
+			}
+			return tx.Commit(context.Background())
+		}},
+		{"a bet's own blob", func(t *testing.T, data []byte) error {
+			s, session, at := openBetting(t, db, "own-blob")
+			_, err := betAppend(t, s, at, session, "m", 1, data, true)
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			data := []byte("the same bytes, " + c.name)
+			sum := sha256.Sum256(data)
+			holder, err := db.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx)
+			var holderPID int
+			require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
+			_, err = holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2)`), sum[:], data)
+			require.NoError(t, err)
+
+			rowErr := make(chan error, 1)
+			go func() {
+				// Once the writer waits for the holder's chunk, the holder
+				// inserts the row and commits.
+				if !waitsForLock(db.pool, holderPID, 10*time.Second) {
+					rowErr <- assert.AnError
+					return
+				}
+				_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING`), sum[:], int64(len(data)))
+				if err == nil {
+					err = holder.Commit(ctx)
+				}
+				rowErr <- err
+			}()
+			werr := c.write(t, data)
+			require.NoError(t, <-rowErr, "the holder's row did not wait for the writer")
+			require.NoError(t, werr)
+			var n int
+			require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.blobs b JOIN {s}.blob_chunks c USING (sha256) WHERE sha256 = $1`), sum[:]).Scan(&n))
+			assert.Equal(t, 1, n)
+		})
+	}
+}
+
+// waitsForLock reports whether, within d, a backend other than holder
+// waits for a lock that holder holds.
+func waitsForLock(pool *pgxpool.Pool, holder int, d time.Duration) bool {
+	_, ok := poll(d, 5*time.Millisecond, func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&n)
+		return err == nil && n > 0
+	})
+	return ok
+}
