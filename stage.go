@@ -118,8 +118,8 @@ func (st *Stage) closedOr(err error) error {
 // keeps a copy of an output of up to 64 KiB (up to 1 MiB a stage), and
 // Complete stores those bytes, the ones its record names, without reading
 // the file again; any other output is read from its file then, and
-// Complete fails if it changed since WriteFile. Safe for concurrent use; after the
-// attempt ended it returns ErrClosed.
+// Complete fails if it changed since WriteFile. Safe for concurrent use;
+// after the attempt ended it returns ErrClosed.
 func (st *Stage) WriteFile(path string, data []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -710,14 +710,15 @@ func (b *batch) appendError(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
-		case "22012", "55P03", "2201F", "40001", "40P01":
-			if b.opt { // rolled back whole: nothing was written
+		case "22012", "55P03", "2201F", "40001":
+			if b.opt {
 				return b.lostBet(pe.Code)
 			}
-			if pe.Code == "40P01" {
-				break
-			}
 			return fmt.Errorf("pgstore: run %s: the head row moved under this batch's lock (a bug); nothing was recorded", b.s.name)
+		case "40P01": // a bet is rolled back whole: nothing was written
+			if b.opt {
+				return b.lostBet(pe.Code)
+			}
 		case "23503":
 			if pe.ConstraintName == "outputs_sha256_fkey" {
 				return fmt.Errorf("pgstore: run %s: a record names an output whose bytes are not in %s.blobs (%s): store them first (Blobs.Put); nothing was recorded",

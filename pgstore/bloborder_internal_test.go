@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -86,4 +87,37 @@ func waitsForLock(pool *pgxpool.Pool, holder int, d time.Duration) bool {
 		return err == nil && n > 0
 	})
 	return ok
+}
+
+// A bet that the server ends to break a deadlock (40P01) was rolled back
+// whole: it is a lost bet (ErrConflict, decided again under the lock), not
+// a failed append. Here a holder takes the blob's row before its chunk,
+// the order no writer of pgstore uses, so that the bet waits first and is
+// the one the deadlock check ends (after deadlock_timeout).
+func TestBetEndedByADeadlockIsALostBet(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	s, session, at := openBetting(t, db, "deadlock")
+	data := []byte("the bytes both want")
+	sum := sha256.Sum256(data)
+	holder, err := db.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	var holderPID int
+	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
+	_, err = holder.Exec(ctx, db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1)`), sum[:], int64(len(data)))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		if !waitsForLock(db.pool, holderPID, 10*time.Second) {
+			done <- assert.AnError
+			return
+		}
+		_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), sum[:], data)
+		done <- err
+	}()
+	_, err = betAppend(t, s, at, session, "m", 1, data, true)
+	require.ErrorIs(t, err, runstate.ErrConflict)
+	assert.Contains(t, err.Error(), "deadlock")
+	require.NoError(t, <-done, "the holder goes on once the bet is rolled back")
 }
