@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
@@ -46,12 +47,8 @@ func TestBlobWritersTakeTheChunkFirst(t *testing.T) {
 			ctx := context.Background()
 			data := []byte("the same bytes, " + c.name)
 			sum := sha256.Sum256(data)
-			holder, err := db.pool.Begin(ctx)
-			require.NoError(t, err)
-			defer holder.Rollback(ctx)
-			var holderPID int
-			require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
-			_, err = holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2)`), sum[:], data)
+			holder, holderPID := beginHolder(t, db)
+			_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2)`), sum[:], data)
 			require.NoError(t, err)
 
 			rowErr := make(chan error, 1)
@@ -78,6 +75,19 @@ func TestBlobWritersTakeTheChunkFirst(t *testing.T) {
 	}
 }
 
+// beginHolder begins the transaction that holds what a test's writer
+// waits for, rolled back at the test's end unless committed, and returns
+// it with its backend's pid (waitsForLock).
+func beginHolder(t *testing.T, db *DB) (pgx.Tx, int) {
+	t.Helper()
+	holder, err := db.pool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	var pid int
+	require.NoError(t, holder.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
+	return holder, pid
+}
+
 // waitsForLock reports whether, within d, a backend other than holder
 // waits for a lock that holder holds.
 func waitsForLock(pool *pgxpool.Pool, holder int, d time.Duration) bool {
@@ -100,12 +110,8 @@ func TestBetEndedByADeadlockIsALostBet(t *testing.T) {
 	s, session, at := openBetting(t, db, "deadlock")
 	data := []byte("the bytes both want")
 	sum := sha256.Sum256(data)
-	holder, err := db.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
-	var holderPID int
-	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
-	_, err = holder.Exec(ctx, db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1)`), sum[:], int64(len(data)))
+	holder, holderPID := beginHolder(t, db)
+	_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1)`), sum[:], int64(len(data)))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
