@@ -73,6 +73,15 @@ func (c *pgRun) Checkpoints(ctx context.Context, first, n int, lat []time.Durati
 	return nil
 }
 
+// CheckpointParts is Checkpoints with the begin and complete parts of
+// each checkpoint timed (splitter); a Skip has no parts.
+func (c *pgRun) CheckpointParts(ctx context.Context, first, n int, lat, begin, complete []time.Duration) (bool, error) {
+	if c.skip {
+		return false, c.Checkpoints(ctx, first, n, lat)
+	}
+	return true, kit.DoCheckpointParts(ctx, c.run, first, n, lat, begin, complete, writeOutputs)
+}
+
 func (c *pgRun) Close() error {
 	err := c.run.Close()
 	c.db.Close()
