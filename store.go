@@ -255,7 +255,14 @@ type OptimisticBatch interface {
 	// Confirm is Sync without the wait for durability, for a batch no
 	// transaction of which asks for an fsync (begins): when it returns
 	// nil, the lines are the run's as after Unlock. The committer calls
-	// it before it releases the batch's callers.
+	// it before it releases the batch's callers. A store that can prove
+	// no other session may append meanwhile (pgstore, for a session
+	// alone on its run) may return once the lines are on their way, in
+	// order, so that nothing can come before them (sent to the database,
+	// which runs them if the process dies now) without waiting for the
+	// answer; if they then do not land, its next Lock, Sync or Confirm
+	// fails with an error wrapping ErrSessionLost (the Run turns
+	// read-only: it went on as if they had).
 	Confirm(ctx context.Context) error
 }
 

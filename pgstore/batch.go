@@ -90,6 +90,9 @@ func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batc
 	if err != nil {
 		return nil, err
 	}
+	if err := s.flushAhead(ctx); err != nil { // ordered after what was sent ahead (ahead.go)
+		return nil, err
+	}
 	var down time.Time // since when the server has not answered
 	wait := 50 * time.Millisecond
 	for try := 0; ; try++ {
@@ -175,6 +178,9 @@ func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
 	ctx := context.Background()
 	runID, err := s.id(ctx)
 	if err != nil {
+		return nil, false, err
+	}
+	if err := s.flushAhead(ctx); err != nil {
 		return nil, false, err
 	}
 	pc, err := s.db.pool.Acquire(ctx)
@@ -668,10 +674,35 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
 	var pb *pgx.Batch
+	// alone, epoch: the session had the run alone when the batch was sent
+	// (ahead.go): a bet confirmed then, in the same epoch, proves its head
+	// for sending ahead.
+	alone, epoch := false, uint64(0)
 	if b.opt {
-		var err error
+		// After what was sent ahead, on its connection (ahead.go).
+		a := &b.s.ahead
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		conn, err := b.s.readAhead(ctx)
+		if err != nil {
+			return err
+		}
+		if conn != nil && b.conn == nil {
+			b.conn = conn
+		} else if conn != nil {
+			conn.Release()
+		}
 		if pb, err = b.betBatch(ctx, lazy); pb == nil {
 			return err
+		}
+		alone, epoch = b.ses.aloneEpoch()
+		if alone && lazy && n > 0 && a.epoch == epoch && a.off != epoch {
+			ab := *b // the copy owns the connection; the Run releases b
+			ab.conn, b.conn = b.conn, nil
+			a.b, a.br = &ab, ab.conn.SendBatch(context.Background(), pb)
+			a.sent++
+			b.s.opt.committed(b.to, b.rows.at[n-1], true)
+			return nil
 		}
 	} else {
 		pb = b.commitBatch(lazy)
@@ -679,6 +710,11 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	err := b.conn.SendBatch(ctx, pb).Close()
 	switch {
 	case err == nil:
+		if alone && n > 0 {
+			if now, e := b.ses.aloneEpoch(); now && e == epoch {
+				b.s.ahead.epoch = epoch // under ahead.mu (b.opt)
+			}
+		}
 		b.committed()
 		return nil
 	case n == 0:

@@ -278,6 +278,11 @@ func lockKey(session string) int64 {
 	return hashKey("runstate/session/" + session)
 }
 
+// runKey and wantKey are the advisory lock keys of a run's lock and want
+// lock (session.go, ahead.go).
+func runKey(runID string) int64  { return hashKey("runstate/run/" + runID) }
+func wantKey(runID string) int64 { return hashKey("runstate/want/" + runID) }
+
 func hashKey(s string) int64 {
 	h := sha256.Sum256([]byte(s))
 	return int64(binary.BigEndian.Uint64(h[:8]))

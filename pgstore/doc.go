@@ -69,6 +69,35 @@
 // server that started less than 10 s ago lost every lock with its restart:
 // within that grace a session opened before the restart counts as alive.
 //
+// # A session alone on its run
+//
+// Every session also holds its run's advisory lock (key: from
+// sha256("runstate/run/"+id)) shared, from Open to Close. A session that
+// is the only one open takes it exclusive (its pinger tries every second)
+// and then sends each batch of begins without waiting for the reply: the
+// stage's work starts once the begin is written to the connection, and the
+// complete's batch, on the same connection, reads the begin's reply first.
+// A checkpoint then waits for one round trip instead of two (here 30-40
+// µs for the begin instead of 150-200). Nothing else changes: no other
+// session can append before the begin lands (it would need the run's
+// lock), a SIGKILL during the work leaves the begin to the server (the
+// next session finds the stage interrupted, attempt counted), and the
+// begin's statement still checks the head and the session's own lock. A
+// begin sent so that does not land (the session's lock lost, a server
+// crash before its WAL writer flushed it) fails the next batch with
+// runstate.ErrSessionLost: the Run turns read-only, as after any lost
+// record. A session that opens meanwhile takes the run's want lock and
+// waits for the run's lock; the one alone probes the want lock every 100
+// ms, reads back what it sent ahead and lets go: the newcomer's Open
+// waits about 100 ms (measured 106 ms), and neither has the run alone
+// again while both are open. Its wait is bounded by Open's context only: a
+// session alone that is frozen (SIGSTOP, a debugger) keeps newcomers
+// waiting until it runs again or its connection ends (tcp_user_timeout,
+// about 10 s, for a vanished machine). Every process on a schema must run
+// this pgstore or a later one (schema version 3: an older one refuses the
+// schema; one that was already connected when the schema was upgraded
+// takes no run lock: restart it).
+//
 // # Poolers
 //
 // Each connection must be a server session of its own: the session lock

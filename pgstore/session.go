@@ -28,6 +28,20 @@ var (
 	lostAfter   = grace
 )
 
+// The run alone (ahead.go): a session that is the only one open on its
+// run holds the run's lock (runKey) exclusive and may send begins ahead
+// of their confirmation. Every session holds the run's lock shared from
+// Open to Close, so the exclusive one can be had only by a session alone;
+// a session that opens meanwhile takes the run's want lock (wantKey)
+// shared and waits for the run's lock, and the one alone, which probes the
+// want lock every soloEvery, lets its exclusive hold go once what it sent
+// ahead is read back. A session tries to have the run alone at most every
+// pingEvery; solo false: never (tests, and benchmarks that compare).
+var (
+	soloEvery = 100 * time.Millisecond
+	solo      = true
+)
+
 // errRehold: a batch found the session's own lock free while the session
 // is not lost yet (its lock connection died since the last ping, or the
 // server restarted): Lock waits for the pinger to take the lock again and
@@ -52,11 +66,25 @@ type session struct {
 	key   int64
 	runID string
 	since int64 // records after this seq may name the session gone
+	// runKey, wantKey: the run's lock, held shared by every session and
+	// exclusive by one alone, and its want lock, held shared by a session
+	// that waits for the run's lock (ahead.go).
+	runKey, wantKey int64
+	// yield, set by the store before the pinger starts: it stops sending
+	// ahead in the given epoch of having the run alone and reads back what
+	// was sent (ahead.go), before the pinger lets the run go; yielded gets
+	// a value when it is done.
+	yield   func(epoch uint64)
+	yielded chan struct{}
 
 	mu     sync.Mutex
 	conn   *pgx.Conn // nil while reconnecting
 	lost   error     // sticky: wraps runstate.ErrSessionLost
 	lastOK time.Time
+	// alone is the connection that holds the run's lock exclusive (nil:
+	// none); epoch counts the times it was taken.
+	alone *pgx.Conn
+	epoch uint64
 	// held is closed and replaced when the lock is re-held or lost, for
 	// batches that wait for either (waitHeld).
 	held chan struct{}
@@ -70,12 +98,21 @@ type session struct {
 	done chan struct{}
 }
 
-// hold opens the lock connection and takes the session's lock.
-func (db *DB) hold(ctx context.Context, runID, id string) (*session, error) {
-	s := &session{db: db, id: id, key: lockKey(id), runID: runID, held: make(chan struct{}), lostCh: make(chan error, 1),
+// hold opens the lock connection and takes the session's lock, and the
+// run's shared. yield is the store's (ahead.go): nil, the session never
+// has the run alone.
+func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint64)) (*session, error) {
+	s := &session{db: db, id: id, key: lockKey(id), runID: runID, runKey: runKey(runID), wantKey: wantKey(runID),
+		yield: yield, yielded: make(chan struct{}, 1), held: make(chan struct{}), lostCh: make(chan error, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	conn, err := s.connect(ctx)
 	if err != nil {
+		return nil, err
+	}
+	// The run's lock first, shared: it may wait for a session that has the
+	// run alone, and nothing else is held meanwhile.
+	if err := s.shareRun(ctx, conn); err != nil {
+		conn.Close(ctx)
 		return nil, err
 	}
 	var ok bool
@@ -134,47 +171,158 @@ func (s *session) connect(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // ping runs until close: a ping every pingEvery; on failure, reconnect.
+// The pings also have the run alone, and let it go (ahead.go): every
+// pingEvery a session that does not have it tries to take the run's lock
+// exclusive (the try is the ping); one that has it probes the want lock
+// every soloEvery instead (the probe is the ping), and when another
+// session wants the run it stops sending ahead, reads back what it sent
+// (yield, on a goroutine of its own, so that the pings go on) and then
+// lets the run's lock go.
 func (s *session) ping() {
 	defer close(s.done)
 	t := time.NewTicker(pingEvery)
 	defer t.Stop()
+	probe := time.NewTicker(soloEvery)
+	probe.Stop()
+	defer probe.Stop()
+	yielding := false
 	for {
+		due, kicked := false, false // due: a ping, and the try to have the run alone
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
+			due = true
 		case <-s.kick:
+			kicked = true
+		case <-probe.C:
+		case <-s.yielded:
+			yielding = false
+			probe.Stop()
+			s.mu.Lock()
+			conn := s.alone
+			s.alone = nil
+			s.mu.Unlock()
+			if conn != nil && conn == s.current() {
+				// The exclusive hold goes; the shared one stays.
+				ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+				_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.runKey)
+				cancel()
+				if err != nil {
+					s.drop(conn) // the server frees the run's lock with it
+				}
+			}
+			continue
 		}
 		s.mu.Lock()
-		conn, lost := s.conn, s.lost
+		conn, lost, alone := s.conn, s.lost, s.alone
 		s.mu.Unlock()
 		if lost != nil {
 			return
 		}
-		if conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
-			_, err := conn.Exec(ctx, ";")
-			cancel()
-			if err == nil {
-				s.mu.Lock()
-				s.lastOK = time.Now()
-				s.mu.Unlock()
-				continue
-			}
-			s.drop(conn)
+		if conn == nil {
+			s.rehold()
+			continue
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		var err error
+		switch {
+		case alone == conn && !yielding:
+			// Another session wants the run when its want lock is held.
+			free := true
+			if err = conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.wantKey).Scan(&free); err == nil && !free {
+				yielding = true
+				s.mu.Lock()
+				epoch := s.epoch
+				s.mu.Unlock()
+				go func() {
+					s.yield(epoch)
+					s.yielded <- struct{}{}
+				}()
+			}
+		case due && alone == nil && !yielding && solo && s.yield != nil:
+			got := false
+			if err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.runKey).Scan(&got); err == nil && got {
+				s.mu.Lock()
+				s.alone = conn
+				s.epoch++
+				s.mu.Unlock()
+				probe.Reset(soloEvery)
+			}
+		case due || kicked || alone != nil:
+			_, err = conn.Exec(ctx, ";")
+		default:
+			cancel()
+			continue // a probe tick after the run was let go
+		}
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			s.lastOK = time.Now()
+			s.mu.Unlock()
+			continue
+		}
+		s.drop(conn)
 		s.rehold()
 	}
 }
 
-// drop forgets a lock connection that failed: its lock is gone or going.
+// current is the lock connection (nil while reconnecting).
+func (s *session) current() *pgx.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn
+}
+
+// drop forgets a lock connection that failed: its locks are gone or
+// going, the run's exclusive one with them.
 func (s *session) drop(conn *pgx.Conn) {
 	s.mu.Lock()
 	if s.conn == conn {
 		s.conn = nil
 	}
+	if s.alone == conn {
+		s.alone = nil
+	}
 	s.mu.Unlock()
 	closeNow(conn)
+}
+
+// aloneEpoch reports whether the session has the run alone now, and since
+// when (epoch: the count of its takes, which a batch compares before and
+// after its commit).
+func (s *session) aloneEpoch() (bool, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.alone != nil && s.alone == s.conn && s.lost == nil, s.epoch
+}
+
+// shareRun takes the run's lock shared on conn, session-level, for the
+// session's life. When a session has the run alone (the lock is held
+// exclusive), it takes the run's want lock shared, which that session's
+// probe finds within soloEvery, waits for the run's lock (as long as ctx
+// allows: the one alone lets go once what it sent ahead is back, within
+// a round trip or so), and lets the want lock go.
+func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock_shared($1)", s.runKey).Scan(&ok); err != nil {
+		return s.db.connectError(err)
+	}
+	if ok {
+		return nil
+	}
+	var pb pgx.Batch
+	pb.Queue(noTimeoutsSessionSQL) // the lock connection's own session: the waits below are ctx's
+	pb.Queue("SELECT pg_advisory_lock_shared($1)", s.wantKey)
+	pb.Queue("SELECT pg_advisory_lock_shared($1)", s.runKey)
+	pb.Queue("SELECT pg_advisory_unlock_shared($1)", s.wantKey)
+	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go (see pg_stat_activity for 'runstate session' connections): %w; nothing was recorded", s.id, s.runID, ctx.Err())
+		}
+		return s.db.connectError(err)
+	}
+	return nil
 }
 
 // rehold tries once to reconnect and take the lock again, under the run's
@@ -213,6 +361,13 @@ func (s *session) tryRehold(ctx context.Context) error {
 			closeNow(conn)
 		}
 	}()
+	// The run's lock shared, before the head row's lock below: a session
+	// that has the run alone (it took the run's lock while this one's
+	// connection was down) lets it go only once what it sent ahead is
+	// back, which may wait for that row.
+	if err := s.shareRun(ctx, conn); err != nil {
+		return err
+	}
 	tx, err := conn.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return err
@@ -362,7 +517,7 @@ func (s *session) close(clean bool) {
 	// lock only when the server process ends, a moment later).
 	var pb pgx.Batch
 	pb.Queue(s.db.sql("DELETE FROM {s}.sessions WHERE id = $1"), s.id)
-	pb.Queue("SELECT pg_advisory_unlock($1)", s.key)
+	pb.Queue("SELECT pg_advisory_unlock_all()") // the session's lock, the run's (shared, and exclusive if alone)
 	_ = conn.SendBatch(ctx, &pb).Close()
 	_ = conn.Close(ctx)
 }

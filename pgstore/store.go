@@ -25,6 +25,7 @@ type store struct {
 	blobs *blobStore
 	pub   published // projections not yet written (Batch.Publish)
 	opt   optimism  // whether the next batch may skip the lock (optimistic.go)
+	ahead ahead     // a batch sent ahead of its reply (ahead.go)
 }
 
 // Store returns the runstate.Store of the run named run, for
@@ -64,7 +65,7 @@ func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Posi
 	if err != nil {
 		return nil, runstate.Position{}, err
 	}
-	ses, err := s.db.hold(ctx, runID, session)
+	ses, err := s.db.hold(ctx, runID, session, s.stopAhead)
 	if err != nil {
 		return nil, runstate.Position{}, err
 	}
@@ -203,6 +204,7 @@ func (s *store) Blobs() runstate.Blobs { return s.blobs }
 // Close ends the session: clean, its lock released and its row removed;
 // otherwise as a killed process would. Close is idempotent.
 func (s *store) Close(clean bool) error {
+	s.closeAhead(clean)
 	s.pub.close(clean) // the working directory's last view, the idle writes (publish.go)
 	s.mu.Lock()
 	ses := s.ses

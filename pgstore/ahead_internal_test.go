@@ -1,0 +1,246 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The tests of begins sent ahead while a session has the run alone
+// (ahead.go, session.go).
+
+// openStoreRun opens name in db through a store the test keeps, in a
+// working directory of its own.
+func openStoreRun(t *testing.T, db *DB, name string) (*store, *runstate.Run) {
+	t.Helper()
+	st := db.Store(name).(*store)
+	run, err := runstate.OpenStore(st, t.TempDir(), &runstate.Options{Request: "ahead"})
+	require.NoError(t, err)
+	return st, run
+}
+
+// waitAlone waits until st's session has the run alone (its pinger tries
+// every pingEvery), at most d.
+func waitAlone(t *testing.T, st *store, d time.Duration) {
+	t.Helper()
+	_, ok := poll(d, 10*time.Millisecond, func() bool {
+		alone, _ := st.ses.aloneEpoch()
+		return alone
+	})
+	require.True(t, ok, "the session did not have the run alone within %v (it tries every %v)", d, pingEvery)
+}
+
+// sentAhead is how many batches st sent ahead.
+func sentAhead(st *store) int {
+	st.ahead.mu.Lock()
+	defer st.ahead.mu.Unlock()
+	return st.ahead.sent
+}
+
+// doOutput is one Do of stage whose function writes a small output.
+func doOutput(ctx context.Context, run *runstate.Run, stage string) error {
+	return run.Do(ctx, stage, func(ctx context.Context, s *runstate.Stage) error {
+		return s.WriteFile("out/"+stage+".txt", []byte("result of "+stage+"\n"))
+	})
+}
+
+// A session alone on its run sends its begins ahead: of 20 Do after it
+// had the run alone, every begin but the first (whose bet, awaited,
+// proves the session's head) goes without waiting for its reply. Every
+// record is there, in order, and the ledger verifies: each stage begun
+// and completed once.
+func TestAloneSessionSendsBeginsAhead(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	st, run := openStoreRun(t, db, "alone")
+	defer run.Close()
+	require.NoError(t, doOutput(ctx, run, "warm"))
+	waitAlone(t, st, pingEvery+5*time.Second)
+	before := sentAhead(st)
+	for i := range 20 {
+		require.NoError(t, doOutput(ctx, run, fmt.Sprintf("s%d", i)))
+	}
+	sent := sentAhead(st) - before
+	assert.GreaterOrEqual(t, sent, 19, "begins sent ahead of their reply, of 20 Do alone")
+	require.NoError(t, run.Close())
+	rep, err := db.Verify(ctx, "alone")
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "the ledger verifies: %+v", rep)
+	recs := ledger(t, db, "alone")
+	for i := range 20 {
+		stage := fmt.Sprintf("s%d", i)
+		assert.Equal(t, []string{"begin 1", "complete 1"}, stageEvents(recs, stage), stage)
+	}
+}
+
+// A session that opens while another has the run alone waits for it to
+// let go, which it does within its probe (soloEvery) and the read-back of
+// what it sent ahead: here the begin of a stage whose work still runs.
+// The newcomer then finds that stage busy (the begin is there), the first
+// session no longer has the run alone (and does not take it again while
+// the other is open), and both go on appending; the ledger verifies.
+func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	a, runA := openStoreRun(t, db, "shared")
+	defer runA.Close()
+	require.NoError(t, doOutput(ctx, runA, "warm"))
+	waitAlone(t, a, pingEvery+5*time.Second)
+	require.NoError(t, doOutput(ctx, runA, "confirm")) // an awaited bet in the epoch: what follows goes ahead
+	before := sentAhead(a)
+	working, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- runA.Do(ctx, "held", func(ctx context.Context, s *runstate.Stage) error {
+			close(working)
+			<-release
+			return s.WriteFile("out/held.txt", []byte("held\n"))
+		})
+	}()
+	<-working
+	assert.Equal(t, before+1, sentAhead(a), "held's begin went ahead of its reply")
+
+	start := time.Now()
+	b, runB := openStoreRun(t, db, "shared")
+	defer runB.Close()
+	waited := time.Since(start)
+	t.Logf("the second session's Open waited %v for the first to let the run go (probe every %v)", waited.Round(time.Millisecond), soloEvery)
+	assert.Less(t, waited, soloEvery+3*time.Second, "bound: one probe of the one alone, its read-back and a round trip, with slack for a loaded machine")
+	alone, _ := a.ses.aloneEpoch()
+	assert.False(t, alone, "the first session let the run go")
+	_, err := runB.Begin(ctx, "held")
+	require.ErrorIs(t, err, runstate.ErrBusy, "the begin sent ahead is there for the newcomer")
+
+	close(release)
+	require.NoError(t, <-done)
+	require.NoError(t, doOutput(ctx, runB, "b1"))
+	require.NoError(t, doOutput(ctx, runA, "a1"))
+	time.Sleep(2 * pingEvery) // the pinger's tries: neither may have the run alone while both are open
+	for _, s := range []*store{a, b} {
+		alone, _ := s.ses.aloneEpoch()
+		assert.False(t, alone, "a session has the run alone while another is open")
+	}
+	n := sentAhead(a)
+	require.NoError(t, doOutput(ctx, runA, "a2"))
+	assert.Equal(t, n, sentAhead(a), "nothing is sent ahead while another session is open")
+	require.NoError(t, runB.Close())
+	require.NoError(t, runA.Close())
+	rep, err := db.Verify(ctx, "shared")
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "the ledger verifies: %+v", rep)
+	recs := ledger(t, db, "shared")
+	assert.Equal(t, []string{"begin 1", "complete 1"}, stageEvents(recs, "held"))
+}
+
+// A begin sent ahead that does not land (here the run's head was moved
+// behind the session's back, as an edit of the table would) is found
+// when its reply is read, at the stage's Complete: the Complete fails
+// with runstate.ErrSessionLost and records nothing, and the Run is
+// read-only from then on (the session went on as if the begin were
+// there). The records before it are intact.
+func TestBeginSentAheadThatDidNotLandStopsTheSession(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	st, run := openStoreRun(t, db, "edited")
+	defer run.Close()
+	require.NoError(t, doOutput(ctx, run, "warm"))
+	waitAlone(t, st, pingEvery+5*time.Second)
+	require.NoError(t, doOutput(ctx, run, "confirm"))
+	before := sentAhead(st)
+	_, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.runs SET last_seq = last_seq + 1 WHERE name = $1`), "edited")
+	require.NoError(t, err)
+	err = doOutput(ctx, run, "lost")
+	assert.Equal(t, before+1, sentAhead(st), "lost's begin went ahead")
+	require.ErrorIs(t, err, runstate.ErrSessionLost, "the Complete after a begin that did not land")
+	assert.Contains(t, err.Error(), "sent ahead")
+	err = doOutput(ctx, run, "after")
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, runstate.ErrReadOnly) || errors.Is(err, runstate.ErrSessionLost), "the Run is read-only: %v", err)
+	var n int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.records r JOIN {s}.runs u ON u.id = r.run_id
+		WHERE u.name = $1 AND r.stage IN ('lost', 'after')`), "edited").Scan(&n))
+	assert.Zero(t, n, "no record of the stages after the edit")
+}
+
+func init() { roles["aheadholder"] = aheadHolderRole }
+
+// aheadReport is what an aheadholder reports while its stage's work runs.
+type aheadReport struct {
+	Session    string
+	SentBefore int // batches sent ahead before the held stage's Do
+	SentNow    int // and once its work runs
+}
+
+// aheadHolderRole opens the run alone, waits until it has the run alone,
+// confirms its head with a Do, then runs a Do of "held" whose function
+// reports "holding" and blocks until the process is killed.
+func aheadHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) error {
+	var a runArgs
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return err
+	}
+	db, err := Connect(ctx, a.DSN)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	st := db.Store(a.Run).(*store)
+	run, err := runstate.OpenStore(st, a.Dir, &runstate.Options{Request: "ahead"})
+	if err != nil {
+		return err
+	}
+	if err := doOutput(ctx, run, "warm"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(pingEvery + 10*time.Second)
+	for alone, _ := st.ses.aloneEpoch(); !alone; alone, _ = st.ses.aloneEpoch() {
+		if time.Now().After(deadline) {
+			return errors.New("the session did not have the run alone")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := doOutput(ctx, run, "confirm"); err != nil {
+		return err
+	}
+	r := aheadReport{Session: run.Session(), SentBefore: sentAhead(st)}
+	return run.Do(ctx, "held", func(ctx context.Context, s *runstate.Stage) error {
+		r.SentNow = sentAhead(st)
+		cio.send("holding", r)
+		select {} // until SIGKILL
+	})
+}
+
+// A process that has its run alone sends a stage's begin ahead and is
+// SIGKILLed while the stage's work runs, before any reply was read: the
+// begin is in the database all the same (the kernel delivered what was
+// written before the kill), so the restart policy counts the attempt: the
+// next session finds the stage interrupted, naming the dead session, and
+// begins attempt 2.
+func TestBeginSentAheadSurvivesSIGKILL(t *testing.T) {
+	dsn := withSchema(testDSN(t), newSchema(t))
+	ch := startChild(t, "aheadholder", runArgs{DSN: dsn, Run: "run", Dir: t.TempDir()})
+	var r aheadReport
+	ch.expect("holding", 60*time.Second, &r)
+	require.Equal(t, r.SentBefore+1, r.SentNow, "held's begin went ahead of its reply")
+	require.NoError(t, ch.cmd.Process.Kill())
+	ch.wait(10 * time.Second)
+
+	ctx := context.Background()
+	db, err := Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "ahead"})
+	require.NoError(t, err)
+	defer run.Close()
+	st, _ := takeOver(t, run, "held", 5*time.Second, time.Millisecond)
+	assert.Equal(t, 2, st.Attempt(), "the killed attempt counts")
+	require.NoError(t, st.Complete())
+	checkInterrupted(t, ledger(t, db, "run"), "held", holding{Session: r.Session})
+}
