@@ -3,9 +3,11 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
@@ -22,40 +24,42 @@ import (
 // So a session that is the only one open on its run holds the run's lock
 // exclusive (session.go: every session holds it shared from Open to
 // Close, so only a session alone can have it; one that opens meanwhile
-// asks for it through the want lock, and waits), and then sends a batch
-// of begins (an optimistic batch, runstate.Optimist, with
-// synchronous_commit off) without waiting for its reply: the bet
-// statement is on the wire, in the socket's buffer, when Confirm returns,
-// and the stage's work starts. A SIGKILL of the process from then on
-// leaves the begin to the server (the kernel delivers what was written
-// before it closes the socket), which commits it as if the reply had been
-// read. No other session can append before the server has run it, so the
-// bet holds: the head is the session's own, its lock is held (the bet's
-// fence still checks, on the server, as every bet's does). The next batch
-// on the connection (the complete, whose bet follows the begin's in the
-// same connection's order) first reads the begin's reply, which by then
-// is there.
+// asks for it through the want lock, and waits), and then sends its
+// optimistic batches (runstate.Optimist) on one connection in pipeline
+// mode: a batch of begins (synchronous_commit off) is written to the
+// connection and Confirm returns without its reply, so the stage's work
+// starts; the complete's batch is written behind it, on the same
+// connection, and its Sync reads both replies, the begin's first. A
+// SIGKILL of the process during the work leaves the begin to the server
+// (the kernel delivers what was written before it closes the socket),
+// which commits it as if the reply had been read. No other session can
+// append before the server has run it, so the bet holds: the head is the
+// session's own, its lock is held (the bet's fence still checks, on the
+// server, as every bet's does); and the server runs the complete after
+// the begin, in the connection's order, while the client wrote the
+// output.
 //
-// A batch is sent ahead only in an epoch of having the run alone (the
-// count of the session's takes of the run's lock) in which an earlier
-// batch was confirmed, sent after the take: its compare-and-set then
-// proved the session's position the head, and no other session has
+// A batch goes on the pipeline only in an epoch of having the run alone
+// (the count of the session's takes of the run's lock) in which an
+// earlier batch was confirmed, sent after the take: its compare-and-set
+// then proved the session's position the head, and no other session has
 // appended since. A batch sent ahead that did not land (the session's
 // lock was lost, the server crashed before its WAL writer flushed it, a
 // bug) makes the Run read-only when its reply is read: its callers were
 // already let go, so the error (wrapping runstate.ErrSessionLost) comes
 // from the next batch's Lock or commit. A lost reply is resolved by
-// content, as any commit's (resolve.go).
+// content, as any commit's (resolve.go). After any error the pipeline's
+// connection is dropped.
 //
 // When another session wants the run, the pinger stops the sending ahead
 // and reads back what was sent (yield: under the same mutex as the sends,
 // so that nothing is sent after it), and only then lets the run's lock go:
 // the other session's first batch finds every begin this one sent.
 
-// ahead is what the store sent ahead: at most one batch whose reply is
-// not read yet (a second send reads the first's reply first, as the
-// connection requires). Guarded by mu, which a commit of an optimistic
-// batch holds from reading what was ahead to its own send.
+// ahead is the pipeline: a pooled connection in pipeline mode and the
+// batches sent on it whose replies are not read yet, in order. Guarded by
+// mu, which a commit of an optimistic batch holds from its decision to
+// send on the pipeline (or to read it back first) to its return.
 type ahead struct {
 	mu sync.Mutex
 	// epoch: the epoch of having the run alone in which a batch sent after
@@ -63,92 +67,248 @@ type ahead struct {
 	// next take.
 	epoch uint64
 	off   uint64
-	b     *batch           // the batch sent ahead (a copy: the Run's is released), with its connection and records
-	br    pgx.BatchResults // its reply, unread
-	err   error            // sticky: a batch sent ahead did not land
-	sent  int              // batches sent ahead (tests)
+	conn  *pgxpool.Conn
+	pipe  *pgconn.Pipeline // nil: the connection is in normal mode
+	// stmts: the statements prepared on conn, by their SQL.
+	stmts map[string]*pgconn.StatementDescription
+	eqb   pgx.ExtendedQueryBuilder
+	sent  []sentBatch // written, replies not read, in order
+	err   error       // sticky: a batch sent ahead did not land
+	count int         // batches sent ahead of their reply (tests)
 }
 
-// readAhead reads the reply of the batch sent ahead, if any, and returns
-// its connection, idle, for the caller to use or release (nil: none). A
-// batch that did not land makes a sticky error, returned from then on.
-// The caller holds s.ahead.mu.
-func (s *store) readAhead(ctx context.Context) (*pgxpool.Conn, error) {
+// sentBatch is a batch written to the pipeline: a copy of it (its records,
+// for errors and for settling a lost reply; the Run releases the original),
+// its statement count, and whether its caller was let go before the reply
+// (lazy: sent ahead).
+type sentBatch struct {
+	b     *batch
+	n     int
+	ahead bool
+}
+
+// onPipeline reports whether an optimistic batch goes on the pipeline now,
+// and the epoch of having the run alone to note when an awaited commit
+// confirms the head. The caller holds a.mu.
+func (s *store) onPipeline(ses *session) (ok, alone bool, epoch uint64) {
+	alone, epoch = ses.aloneEpoch()
 	a := &s.ahead
-	if a.b == nil {
-		return nil, a.err
+	return alone && a.epoch == epoch && a.off != epoch && a.err == nil, alone, epoch
+}
+
+// send writes b's writes (pb: queueWrites in the bet form) to the
+// pipeline. lazy: b is a batch of begins, whose caller goes on once it is
+// written (Confirm); else its Sync, which reads every reply up to its
+// own. The caller holds a.mu.
+func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) error {
+	a := &s.ahead
+	if a.conn == nil {
+		conn, err := s.db.pool.Acquire(ctx)
+		if err != nil {
+			s.blobs.putBack(b.inline)
+			return fmt.Errorf("%w: %w", runstate.ErrConflict, s.db.connectError(err)) // nothing was sent: Lock decides
+		}
+		a.conn, a.stmts = conn, map[string]*pgconn.StatementDescription{}
 	}
-	b, br := a.b, a.br
-	a.b, a.br = nil, nil
+	// A statement new to the connection is prepared in normal mode, after
+	// what is on the pipeline (once per statement and connection).
+	for _, q := range pb.QueuedQueries {
+		if a.stmts[q.SQL] != nil {
+			continue
+		}
+		if err := s.readBack(ctx); err != nil {
+			s.blobs.putBack(b.inline)
+			return err
+		}
+		if a.conn == nil {
+			return s.send(ctx, b, pb, lazy) // readBack dropped it
+		}
+		sd, err := a.conn.Conn().Prepare(ctx, q.SQL, q.SQL)
+		if err != nil {
+			s.blobs.putBack(b.inline)
+			s.dropPipeline()
+			return b.appendError(err)
+		}
+		a.stmts[q.SQL] = sd
+	}
+	if a.pipe == nil {
+		a.pipe = a.conn.Conn().PgConn().StartPipeline(context.Background())
+	}
+	tm := a.conn.Conn().TypeMap()
+	for _, q := range pb.QueuedQueries {
+		sd := a.stmts[q.SQL]
+		if err := a.eqb.Build(tm, sd, q.Arguments); err != nil {
+			// Nothing of the batch was flushed: the queued messages go
+			// with the connection.
+			s.blobs.putBack(b.inline)
+			s.dropPipeline()
+			return fmt.Errorf("pgstore: run %s: encode a statement: %w", s.name, err)
+		}
+		a.pipe.SendQueryStatement(sd, a.eqb.ParamValues, a.eqb.ParamFormats, slices.Clone(a.eqb.ResultFormats))
+	}
+	sb := *b
+	sb.conn = nil
+	a.sent = append(a.sent, sentBatch{b: &sb, n: len(pb.QueuedQueries), ahead: lazy})
+	werr := a.pipe.Sync() // written: a failure leaves its outcome unknown, as a lost reply
+	n := len(b.rows.seq)
+	if lazy {
+		a.count++
+		s.opt.committed(b.to, b.rows.at[n-1], true)
+		if werr != nil {
+			return s.readBack(ctx) // settles it, and every one before
+		}
+		return nil
+	}
+	if err := s.readBack(ctx); err != nil {
+		if a.err != nil {
+			return a.err
+		}
+		return err
+	}
+	b.committed()
+	return nil
+}
+
+// readBack reads the replies of everything on the pipeline and puts the
+// connection back in normal mode. A batch sent ahead that did not land
+// sets the sticky error, returned from then on; an awaited batch's error
+// is returned as its commit's would be (a lost bet, a lost reply settled
+// by content: resolve.go). After any error the connection is dropped. The
+// caller holds a.mu.
+func (s *store) readBack(ctx context.Context) error {
+	a := &s.ahead
+	sent := a.sent
+	a.sent = nil
+	var last error
+	for i, sb := range sent {
+		err := a.readOne(sb.n)
+		if err != nil && !ambiguous(err) {
+			err = sb.b.appendError(err)
+			s.dropPipeline() // what follows in the pipeline is unread: it followed a failed batch, and fails its compare-and-set
+			if sb.ahead || i < len(sent)-1 {
+				return s.aheadFailed(sb.b, err)
+			}
+			return err
+		}
+		if err != nil {
+			// The connection broke: every batch from this one on is
+			// settled by content, in order.
+			s.dropPipeline()
+			for _, sb := range sent[i:] {
+				err := sb.b.settle(ctx, err, sb.ahead)
+				if sb.b.conn != nil {
+					sb.b.conn.Release() // a re-run's
+					sb.b.conn = nil
+				}
+				if err != nil && sb.ahead {
+					return s.aheadFailed(sb.b, err)
+				}
+				last = err
+			}
+			return last
+		}
+	}
+	if a.pipe != nil {
+		if err := a.pipe.Close(); err != nil {
+			a.pipe = nil
+			s.dropPipeline()
+			return nil // every reply was read: the batches landed
+		}
+		a.pipe = nil
+	}
+	return nil
+}
+
+// readOne reads the replies of one batch: n statements, then its Sync.
+func (a *ahead) readOne(n int) error {
+	for range n {
+		res, err := a.pipe.GetResults()
+		if err != nil {
+			return err
+		}
+		rr, ok := res.(*pgconn.ResultReader)
+		if !ok {
+			return fmt.Errorf("pgstore: pipeline: a %T for a statement", res)
+		}
+		if _, err := rr.Close(); err != nil {
+			return err
+		}
+	}
+	res, err := a.pipe.GetResults()
+	if err != nil {
+		return err
+	}
+	if _, ok := res.(*pgconn.PipelineSync); !ok {
+		return fmt.Errorf("pgstore: pipeline: a %T for a Sync", res)
+	}
+	return nil
+}
+
+// aheadFailed makes the sticky error of batch b, sent ahead, that did not
+// land.
+func (s *store) aheadFailed(b *batch, err error) error {
 	first, last := b.marks()
-	err := br.Close()
-	if err != nil && ambiguous(err) {
-		// The reply was lost: resolve by content, as a commit's; the
-		// re-run (when not committed) is of the batch as it was.
-		err = b.settle(ctx, err, true)
-	} else if err != nil {
-		err = b.appendError(err)
-	}
-	b.rows, b.outs = recordRows{}, outputRows{}
-	conn := b.conn
-	b.conn = nil
-	if err == nil {
-		return conn, nil
-	}
-	if conn != nil {
-		conn.Release() // a broken one is dropped by the pool
-	}
-	a.err = fmt.Errorf("%w: pgstore: run %s: records %d-%d, begins sent ahead of their reply while the session had the run alone, did not land (%v): the session went on as if they had; this Run is read-only: open the run again",
+	s.ahead.err = fmt.Errorf("%w: pgstore: run %s: records %d-%d, sent ahead of their reply while the session had the run alone, did not land (%v): the session went on as if they had; this Run is read-only: open the run again",
 		runstate.ErrSessionLost, s.name, first.Seq, last.Seq, err)
-	return nil, a.err
+	return s.ahead.err
 }
 
-// flushAhead reads what was sent ahead before a batch takes the run's lock
-// on a connection of its own, so that it is ordered after it; the
-// connection goes back to the pool.
-func (s *store) flushAhead(ctx context.Context) error {
+// dropPipeline takes the pipeline's connection out of the pool and closes
+// it without reading what is left, as a killed process's would be (the
+// server still runs what it received). The caller holds a.mu.
+func (s *store) dropPipeline() {
 	a := &s.ahead
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	conn, err := s.readAhead(ctx)
-	if conn != nil {
-		conn.Release()
+	if a.conn == nil {
+		return
+	}
+	closeNow(a.conn.Hijack())
+	a.conn, a.pipe, a.stmts, a.sent = nil, nil, nil, nil
+}
+
+// releasePipeline reads back what is on the pipeline and gives its
+// connection back to the pool. The caller holds a.mu.
+func (s *store) releasePipeline(ctx context.Context) error {
+	err := s.readBack(ctx)
+	if a := &s.ahead; a.conn != nil {
+		a.conn.Release()
+		a.conn, a.stmts = nil, nil
+	}
+	if err == nil {
+		err = s.ahead.err
 	}
 	return err
 }
 
-// stopAhead is the session's yield in epoch (session.go): nothing is sent
-// ahead until the run is taken alone again, and what was is read back.
+// flushAhead reads back what was sent ahead before a batch takes the run's
+// lock on a connection of its own, so that it is ordered after it.
+func (s *store) flushAhead(ctx context.Context) error {
+	a := &s.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return s.releasePipeline(ctx)
+}
+
+// stopAhead is the session's yield in epoch (session.go): nothing goes on
+// the pipeline until the run is taken alone again, and what is there is
+// read back.
 func (s *store) stopAhead(epoch uint64) {
 	a := &s.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.off = epoch
-	if conn, _ := s.readAhead(context.Background()); conn != nil {
-		conn.Release()
-	}
+	_ = s.releasePipeline(context.Background())
 }
 
-// closeAhead ends what was sent ahead at Close: read back when clean;
-// otherwise its connection is closed as a killed process's would be,
-// without reading (the server still runs what it received).
+// closeAhead ends the pipeline at Close: read back when clean; otherwise
+// its connection is closed as a killed process's would be, without
+// reading (the server still runs what it received).
 func (s *store) closeAhead(clean bool) {
 	a := &s.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.b == nil {
-		return
-	}
 	if clean {
-		if conn, _ := s.readAhead(context.Background()); conn != nil {
-			conn.Release()
-		}
+		_ = s.releasePipeline(context.Background())
 		return
 	}
-	conn := a.b.conn
-	a.b.conn, a.b, a.br = nil, nil, nil
-	if nc := conn.Conn().PgConn().Conn(); nc != nil {
-		_ = nc.Close()
-	}
-	conn.Release()
+	s.dropPipeline()
 }

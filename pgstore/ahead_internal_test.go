@@ -41,7 +41,7 @@ func waitAlone(t *testing.T, st *store, d time.Duration) {
 func sentAhead(st *store) int {
 	st.ahead.mu.Lock()
 	defer st.ahead.mu.Unlock()
-	return st.ahead.sent
+	return st.ahead.count
 }
 
 // doOutput is one Do of stage whose function writes a small output.

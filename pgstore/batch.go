@@ -679,30 +679,23 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 	// for sending ahead.
 	alone, epoch := false, uint64(0)
 	if b.opt {
-		// After what was sent ahead, on its connection (ahead.go).
+		// On the pipeline while the session has the run alone; else after
+		// what is there (ahead.go).
 		a := &b.s.ahead
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		conn, err := b.s.readAhead(ctx)
-		if err != nil {
+		var on bool
+		if on, alone, epoch = b.s.onPipeline(b.ses); on && n > 0 {
+			var bp pgx.Batch
+			b.queueWrites(&bp, []any{b.ses.key, lazy})
+			return b.s.send(ctx, b, &bp, lazy)
+		}
+		if err := b.s.releasePipeline(ctx); err != nil {
 			return err
 		}
-		if conn != nil && b.conn == nil {
-			b.conn = conn
-		} else if conn != nil {
-			conn.Release()
-		}
+		var err error
 		if pb, err = b.betBatch(ctx, lazy); pb == nil {
 			return err
-		}
-		alone, epoch = b.ses.aloneEpoch()
-		if alone && lazy && n > 0 && a.epoch == epoch && a.off != epoch {
-			ab := *b // the copy owns the connection; the Run releases b
-			ab.conn, b.conn = b.conn, nil
-			a.b, a.br = &ab, ab.conn.SendBatch(context.Background(), pb)
-			a.sent++
-			b.s.opt.committed(b.to, b.rows.at[n-1], true)
-			return nil
 		}
 	} else {
 		pb = b.commitBatch(lazy)

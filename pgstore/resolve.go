@@ -173,7 +173,9 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 	if err != nil {
 		return nil, b.s.db.connectError(err)
 	}
-	b.conn.Release()
+	if b.conn != nil {
+		b.conn.Release()
+	}
 	b.conn = conn
 	var pb pgx.Batch
 	pb.Queue(beginSQL)

@@ -627,7 +627,7 @@ func (b *bench) report(entries []*entry, took time.Duration) {
 		if writeOutputs {
 			file = " with the output file between them"
 		}
-		fmt.Printf("(two raw transactions%s, the least a checkpoint whose begin is seen before its work costs: %.2f × raw; pgstore %.2f × that)\n",
+		fmt.Printf("(two raw transactions%s, what a checkpoint costs that waits for its begin's reply before its work: %.2f × raw; pgstore %.2f × that)\n",
 			file, r, kit.MedianF(ratio(pg.seq.med, two.seq.med)))
 	}
 	if len(pg.complete.med) > 0 {
