@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/runstate/runstate"
 )
 
@@ -33,14 +35,13 @@ var (
 // of their confirmation. Every session holds the run's lock shared from
 // Open to Close, so the exclusive one can be had only by a session alone;
 // a session that opens meanwhile takes the run's want lock (wantKey)
-// shared and waits for the run's lock, and the one alone, which probes the
-// want lock every soloEvery, lets its exclusive hold go once what it sent
-// ahead is read back. A session tries to have the run alone at most every
-// pingEvery; solo false: never (tests, and benchmarks that compare).
-var (
-	soloEvery = 100 * time.Millisecond
-	solo      = true
-)
+// shared, notifies the run's channel and waits for the run's lock; the
+// one alone, which waits for that notification on its lock connection
+// (and probes the want lock at its pings, in case one was missed), lets
+// its exclusive hold go once what it sent ahead is read back. A session
+// tries to have the run alone at its pings (every pingEvery); solo false:
+// never (tests, and benchmarks that compare).
+var solo = true
 
 // errRehold: a batch found the session's own lock free while the session
 // is not lost yet (its lock connection died since the last ping, or the
@@ -96,6 +97,12 @@ type session struct {
 	kick chan struct{} // re-hold now (a batch found the lock free)
 	stop chan struct{}
 	done chan struct{}
+	// closing ends with stop (close): the pinger's waits for a
+	// notification. notified: a notification came during another
+	// statement on the lock connection (its OnNotification).
+	closing  context.Context
+	cancel   context.CancelFunc
+	notified atomic.Bool
 }
 
 // hold opens the lock connection and takes the session's lock, and the
@@ -105,6 +112,7 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 	s := &session{db: db, id: id, key: lockKey(id), runID: runID, runKey: runKey(runID), wantKey: wantKey(runID),
 		yield: yield, yielded: make(chan struct{}, 1), held: make(chan struct{}), lostCh: make(chan error, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	s.closing, s.cancel = context.WithCancel(context.Background())
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -163,59 +171,92 @@ func checkDirect(ctx context.Context, conn *pgx.Conn, key int64) error {
 
 // connect opens a lock connection.
 func (s *session) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, s.db.lockCfg)
+	cfg := s.db.lockCfg.Copy()
+	ch := s.channel()
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if n.Channel == ch {
+			s.notified.Store(true)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		closeNow(conn)
 		return nil, s.db.connectError(err)
 	}
 	return conn, nil
 }
 
+// channel is the run's notification channel: a session that wants the
+// run notifies it, and the session alone listens (ahead.go).
+func (s *session) channel() string { return fmt.Sprintf("runstate_%016x", uint64(s.runKey)) }
+
 // ping runs until close: a ping every pingEvery; on failure, reconnect.
 // The pings also have the run alone, and let it go (ahead.go): every
 // pingEvery a session that does not have it tries to take the run's lock
-// exclusive (the try is the ping); one that has it probes the want lock
-// every soloEvery instead (the probe is the ping), and when another
-// session wants the run it stops sending ahead, reads back what it sent
-// (yield, on a goroutine of its own, so that the pings go on) and then
-// lets the run's lock go.
+// exclusive (the try is the ping). One that has it waits on its lock
+// connection for a notification on the run's channel (a session that
+// wants the run notifies it) until its next ping, which probes the want
+// lock instead (in case a notification was missed); when another session
+// wants the run, it stops sending ahead, reads back what it sent (yield,
+// on a goroutine of its own, so that the pings go on) and then lets the
+// run's lock go.
 func (s *session) ping() {
 	defer close(s.done)
-	t := time.NewTicker(pingEvery)
-	defer t.Stop()
-	probe := time.NewTicker(soloEvery)
-	probe.Stop()
-	defer probe.Stop()
+	next := time.Now().Add(pingEvery)
 	yielding := false
 	for {
-		due, kicked := false, false // due: a ping, and the try to have the run alone
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			due = true
-		case <-s.kick:
-			kicked = true
-		case <-probe.C:
-		case <-s.yielded:
-			yielding = false
-			probe.Stop()
-			s.mu.Lock()
-			conn := s.alone
-			s.alone = nil
-			s.mu.Unlock()
-			if conn != nil && conn == s.current() {
-				// The exclusive hold goes; the shared one stays.
-				ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
-				_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.runKey)
-				cancel()
-				if err != nil {
-					s.drop(conn) // the server frees the run's lock with it
-				}
-			}
-			continue
-		}
 		s.mu.Lock()
 		conn, lost, alone := s.conn, s.lost, s.alone
+		s.mu.Unlock()
+		if lost != nil {
+			return
+		}
+		due := false // a ping, and the try to have the run alone
+		wanted := false
+		if conn != nil && alone == conn && !yielding && time.Until(next) > 0 {
+			// Wait for a notification on the lock connection (or for close,
+			// or the next ping).
+			ctx, cancel := context.WithDeadline(s.closing, next)
+			err := conn.PgConn().WaitForNotification(ctx)
+			cancel()
+			switch {
+			case err == nil || s.notified.Swap(false):
+				wanted = true
+			case s.closing.Err() != nil:
+				return
+			case ctx.Err() == nil:
+				// The connection failed (or fenced closed it).
+				s.drop(conn)
+				s.rehold()
+				continue
+			default:
+				due = true
+			}
+		} else {
+			t := time.NewTimer(max(time.Until(next), 0))
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+				due = true
+			case <-s.kick:
+			case <-s.yielded:
+				t.Stop()
+				yielding = false
+				s.unlockRun()
+				continue
+			}
+			t.Stop()
+		}
+		if due {
+			next = time.Now().Add(pingEvery)
+		}
+		s.mu.Lock()
+		conn, lost, alone = s.conn, s.lost, s.alone // as the wait left them (a kick: fenced dropped the connection)
 		s.mu.Unlock()
 		if lost != nil {
 			return
@@ -227,43 +268,66 @@ func (s *session) ping() {
 		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 		var err error
 		switch {
-		case alone == conn && !yielding:
-			// Another session wants the run when its want lock is held.
+		case alone == conn && !yielding && !wanted && due:
+			// The ping probes the want lock: a session that waits for
+			// the run holds it.
 			free := true
 			if err = conn.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.wantKey).Scan(&free); err == nil && !free {
-				yielding = true
-				s.mu.Lock()
-				epoch := s.epoch
-				s.mu.Unlock()
-				go func() {
-					s.yield(epoch)
-					s.yielded <- struct{}{}
-				}()
+				wanted = true
 			}
 		case due && alone == nil && !yielding && solo && s.yield != nil:
 			got := false
 			if err = conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.runKey).Scan(&got); err == nil && got {
+				// No session waits for the run (the try would fail behind
+				// it): an earlier notification is stale.
+				s.notified.Store(false)
 				s.mu.Lock()
 				s.alone = conn
 				s.epoch++
 				s.mu.Unlock()
-				probe.Reset(soloEvery)
 			}
-		case due || kicked || alone != nil:
+		case due:
 			_, err = conn.Exec(ctx, ";")
-		default:
-			cancel()
-			continue // a probe tick after the run was let go
 		}
 		cancel()
-		if err == nil {
+		if err != nil {
+			s.drop(conn)
+			s.rehold()
+			continue
+		}
+		if due {
 			s.mu.Lock()
 			s.lastOK = time.Now()
 			s.mu.Unlock()
-			continue
 		}
-		s.drop(conn)
-		s.rehold()
+		if wanted && alone == conn && !yielding {
+			yielding = true
+			s.mu.Lock()
+			epoch := s.epoch
+			s.mu.Unlock()
+			go func() {
+				s.yield(epoch)
+				s.yielded <- struct{}{}
+			}()
+		}
+	}
+}
+
+// unlockRun lets the run's exclusive lock go once a yield read back what
+// was sent ahead; the shared one stays.
+func (s *session) unlockRun() {
+	s.mu.Lock()
+	conn := s.alone
+	s.alone = nil
+	s.mu.Unlock()
+	if conn == nil || conn != s.current() {
+		return // gone with its connection
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+	_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", s.runKey)
+	cancel()
+	if err != nil {
+		s.drop(conn) // the server frees the run's lock with it
 	}
 }
 
@@ -299,10 +363,11 @@ func (s *session) aloneEpoch() (bool, uint64) {
 
 // shareRun takes the run's lock shared on conn, session-level, for the
 // session's life. When a session has the run alone (the lock is held
-// exclusive), it takes the run's want lock shared, which that session's
-// probe finds within soloEvery, waits for the run's lock (as long as ctx
-// allows: the one alone lets go once what it sent ahead is back, within
-// a round trip or so), and lets the want lock go.
+// exclusive), it takes the run's want lock shared and notifies the run's
+// channel, which wakes that session's pinger (or its next ping finds the
+// want lock held), waits for the run's lock (as long as ctx allows: the
+// one alone lets go once what it sent ahead is back, within a round trip
+// or so), and lets the want lock go.
 func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock_shared($1)", s.runKey).Scan(&ok); err != nil {
@@ -311,12 +376,22 @@ func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
 	if ok {
 		return nil
 	}
+	// The want lock, and the notification (a statement of its own: it is
+	// sent at its transaction's end), then the wait.
 	var pb pgx.Batch
 	pb.Queue(noTimeoutsSessionSQL) // the lock connection's own session: the waits below are ctx's
 	pb.Queue("SELECT pg_advisory_lock_shared($1)", s.wantKey)
-	pb.Queue("SELECT pg_advisory_lock_shared($1)", s.runKey)
-	pb.Queue("SELECT pg_advisory_unlock_shared($1)", s.wantKey)
-	if err := conn.SendBatch(ctx, &pb).Close(); err != nil {
+	err := conn.SendBatch(ctx, &pb).Close()
+	if err == nil {
+		_, err = conn.Exec(ctx, "SELECT pg_notify($1, '')", s.channel())
+	}
+	if err == nil {
+		pb = pgx.Batch{}
+		pb.Queue("SELECT pg_advisory_lock_shared($1)", s.runKey)
+		pb.Queue("SELECT pg_advisory_unlock_shared($1)", s.wantKey)
+		err = conn.SendBatch(ctx, &pb).Close()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go (see pg_stat_activity for 'runstate session' connections): %w; nothing was recorded", s.id, s.runID, ctx.Err())
 		}
@@ -490,6 +565,7 @@ func (s *session) fenced() error {
 // closed without a word).
 func (s *session) close(clean bool) {
 	close(s.stop)
+	s.cancel()
 	<-s.done
 	s.mu.Lock()
 	conn := s.conn
