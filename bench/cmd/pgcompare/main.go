@@ -52,6 +52,9 @@ type config struct {
 	Run    string `json:"run"`
 	Dir    string `json:"dir"`
 	Conns  int    `json:"conns"`
+	// Child: the store is opened by a child process of a multi-process
+	// mode, whose clock starts when all are ready.
+	Child bool `json:"child"`
 }
 
 // A contender is one way of durably recording checkpoints on PostgreSQL.
@@ -488,6 +491,7 @@ func childMain(name string) int {
 	}
 	ctx := context.Background()
 	c := ci.make()
+	job.Cfg.Child = true
 	if err := c.Open(ctx, job.Cfg); err != nil {
 		return report(childResult{Err: "open: " + err.Error()})
 	}
