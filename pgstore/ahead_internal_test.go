@@ -37,6 +37,20 @@ func waitAlone(t *testing.T, st *store, d time.Duration) {
 	require.True(t, ok, "the session did not have the run alone within %v (it tries every %v)", d, pingEvery)
 }
 
+// openAlone opens name in db (openStoreRun), waits until its session has
+// the run alone and confirms its head there (a Do whose bet is awaited):
+// its next batches of begins go ahead of their reply.
+func openAlone(t *testing.T, db *DB, name string) (*store, *runstate.Run) {
+	t.Helper()
+	ctx := context.Background()
+	st, run := openStoreRun(t, db, name)
+	t.Cleanup(func() { _ = run.Close() })
+	require.NoError(t, doOutput(ctx, run, "warm"))
+	waitAlone(t, st, pingEvery+5*time.Second)
+	require.NoError(t, doOutput(ctx, run, "confirm"))
+	return st, run
+}
+
 // sentAhead is how many batches st sent ahead.
 func sentAhead(st *store) int {
 	st.ahead.mu.Lock()
@@ -51,24 +65,21 @@ func doOutput(ctx context.Context, run *runstate.Run, stage string) error {
 	})
 }
 
-// A session alone on its run sends its begins ahead: of 20 Do after it
-// had the run alone, every begin but the first (whose bet, awaited,
-// proves the session's head) goes without waiting for its reply. Every
+// A session alone on its run sends its begins ahead: once a bet awaited
+// in the run alone proved its head, every one of 20 Do's begins goes
+// without waiting for its reply. Every
 // record is there, in order, and the ledger verifies: each stage begun
 // and completed once.
 func TestAloneSessionSendsBeginsAhead(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
-	st, run := openStoreRun(t, db, "alone")
-	defer run.Close()
-	require.NoError(t, doOutput(ctx, run, "warm"))
-	waitAlone(t, st, pingEvery+5*time.Second)
+	st, run := openAlone(t, db, "alone")
 	before := sentAhead(st)
 	for i := range 20 {
 		require.NoError(t, doOutput(ctx, run, fmt.Sprintf("s%d", i)))
 	}
 	sent := sentAhead(st) - before
-	assert.GreaterOrEqual(t, sent, 19, "begins sent ahead of their reply, of 20 Do alone")
+	assert.Equal(t, 20, sent, "begins sent ahead of their reply, of 20 Do alone after the head was confirmed")
 	require.NoError(t, run.Close())
 	rep, err := db.Verify(ctx, "alone")
 	require.NoError(t, err)
@@ -91,12 +102,10 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
 	startA := time.Now()
-	a, runA := openStoreRun(t, db, "shared")
+	_, timed := openStoreRun(t, db, "timed") // an Open with no other session: the yardstick
 	openA := time.Since(startA)
-	defer runA.Close()
-	require.NoError(t, doOutput(ctx, runA, "warm"))
-	waitAlone(t, a, pingEvery+5*time.Second)
-	require.NoError(t, doOutput(ctx, runA, "confirm")) // an awaited bet in the epoch: what follows goes ahead
+	require.NoError(t, timed.Close())
+	a, runA := openAlone(t, db, "shared")
 	before := sentAhead(a)
 	working, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -114,7 +123,7 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 	b, runB := openStoreRun(t, db, "shared")
 	defer runB.Close()
 	waited := time.Since(start)
-	t.Logf("the second session's Open took %v while the first had the run alone (the first's, alone: %v)", waited.Round(time.Microsecond), openA.Round(time.Microsecond))
+	t.Logf("the second session's Open took %v while the first had the run alone (an Open alone: %v)", waited.Round(time.Microsecond), openA.Round(time.Microsecond))
 	assert.Less(t, waited, pingEvery/2, "bound: the notification, the read-back and a few round trips, not the next ping (%v), with slack for a loaded machine", pingEvery)
 	alone, _ := a.ses.aloneEpoch()
 	assert.False(t, alone, "the first session let the run go")
@@ -151,11 +160,7 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 func TestBeginSentAheadThatDidNotLandStopsTheSession(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
-	st, run := openStoreRun(t, db, "edited")
-	defer run.Close()
-	require.NoError(t, doOutput(ctx, run, "warm"))
-	waitAlone(t, st, pingEvery+5*time.Second)
-	require.NoError(t, doOutput(ctx, run, "confirm"))
+	st, run := openAlone(t, db, "edited")
 	before := sentAhead(st)
 	_, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.runs SET last_seq = last_seq + 1 WHERE name = $1`), "edited")
 	require.NoError(t, err)
