@@ -139,10 +139,18 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 		sd := a.stmts[q.SQL]
 		if err := a.eqb.Build(tm, sd, q.Arguments); err != nil {
 			// Nothing of the batch was flushed: the queued messages go
-			// with the connection.
+			// with the connection, and with it the replies of what was
+			// sent before, whose outcome is then unknown (a bug either
+			// way: the arguments are pgstore's own).
 			s.blobs.putBack(b.inline)
+			err = fmt.Errorf("pgstore: run %s: encode a statement: %w", s.name, err)
+			if len(a.sent) > 0 {
+				first := a.sent[0].b
+				s.dropPipeline()
+				return s.aheadFailed(first, err)
+			}
 			s.dropPipeline()
-			return fmt.Errorf("pgstore: run %s: encode a statement: %w", s.name, err)
+			return err
 		}
 		a.pipe.SendQueryStatement(sd, a.eqb.ParamValues, a.eqb.ParamFormats, slices.Clone(a.eqb.ResultFormats))
 	}
