@@ -16,16 +16,6 @@ import (
 // The tests of begins sent ahead while a session has the run alone
 // (ahead.go, session.go).
 
-// openStoreRun opens name in db through a store the test keeps, in a
-// working directory of its own.
-func openStoreRun(t *testing.T, db *DB, name string) (*store, *runstate.Run) {
-	t.Helper()
-	st := db.Store(name).(*store)
-	run, err := runstate.OpenStore(st, t.TempDir(), &runstate.Options{Request: "ahead"})
-	require.NoError(t, err)
-	return st, run
-}
-
 // waitAlone waits until st's session has the run alone (its pinger tries
 // every pingEvery), at most d.
 func waitAlone(t *testing.T, st *store, d time.Duration) {
@@ -37,14 +27,13 @@ func waitAlone(t *testing.T, st *store, d time.Duration) {
 	require.True(t, ok, "the session did not have the run alone within %v (it tries every %v)", d, pingEvery)
 }
 
-// openAlone opens name in db (openStoreRun), waits until its session has
+// openAlone opens name in db (openOptimist), waits until its session has
 // the run alone and confirms its head there (a Do whose bet is awaited):
 // its next batches of begins go ahead of their reply.
 func openAlone(t *testing.T, db *DB, name string) (*store, *runstate.Run) {
 	t.Helper()
 	ctx := context.Background()
-	st, run := openStoreRun(t, db, name)
-	t.Cleanup(func() { _ = run.Close() })
+	run, st := openOptimist(t, db, name)
 	require.NoError(t, doOutput(ctx, run, "warm"))
 	waitAlone(t, st, pingEvery+5*time.Second)
 	require.NoError(t, doOutput(ctx, run, "confirm"))
@@ -102,7 +91,7 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
 	startA := time.Now()
-	_, timed := openStoreRun(t, db, "timed") // an Open with no other session: the yardstick
+	timed, _ := openOptimist(t, db, "timed") // an Open with no other session: the yardstick
 	openA := time.Since(startA)
 	require.NoError(t, timed.Close())
 	a, runA := openAlone(t, db, "shared")
@@ -120,7 +109,7 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 	assert.Equal(t, before+1, sentAhead(a), "held's begin went ahead of its reply")
 
 	start := time.Now()
-	b, runB := openStoreRun(t, db, "shared")
+	runB, b := openOptimist(t, db, "shared")
 	defer runB.Close()
 	waited := time.Since(start)
 	t.Logf("the second session's Open took %v while the first had the run alone (an Open alone: %v)", waited.Round(time.Microsecond), openA.Round(time.Microsecond))

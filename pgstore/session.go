@@ -112,7 +112,6 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 	s := &session{db: db, id: id, key: lockKey(id), runID: runID, runKey: runKey(runID), wantKey: wantKey(runID),
 		yield: yield, yielded: make(chan struct{}, 1), held: make(chan struct{}), lostCh: make(chan error, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	s.closing, s.cancel = context.WithCancel(context.Background())
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -143,6 +142,7 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 		return nil, db.rightsError("record session "+id, err)
 	}
 	s.conn, s.lastOK = conn, time.Now()
+	s.closing, s.cancel = context.WithCancel(context.Background())
 	go s.ping()
 	return s, nil
 }

@@ -25,7 +25,7 @@ type store struct {
 	blobs *blobStore
 	pub   published // projections not yet written (Batch.Publish)
 	opt   optimism  // whether the next batch may skip the lock (optimistic.go)
-	ahead ahead     // a batch sent ahead of its reply (ahead.go)
+	ahead ahead     // the pipeline of a session alone on its run (ahead.go)
 }
 
 // Store returns the runstate.Store of the run named run, for
