@@ -510,29 +510,41 @@ func (b *batch) release() {
 
 // The statement that appends a batch: the records, their outputs, and the
 // head's compare-and-set (a failed one divides by zero, which aborts the
-// transaction; under the row lock it can only be a bug).
+// transaction; under the row lock it can only be a bug). An output's
+// bytes ($22, NULL for one whose bytes are in blobs) are the batch's
+// own, or another row's of the same content (outputDataSQL).
 const appendSQL = `WITH ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[])
 ), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size)
-  SELECT $1, * FROM unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[])
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, o.seq, o.path, o.sum, o.size, ` + outputDataSQL + ` FROM unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[], $22::bytea[]) o(seq, path, sum, size, data)
 ), head AS (
   UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
   WHERE id = $1 AND last_seq = $20 AND last_hash = $21 RETURNING 1
 )
 SELECT 1 / (SELECT count(*)::int FROM head)`
 
+// outputDataSQL is an output row's bytes (schema version 4): o.data, the
+// small blob the batch carries for it, else those of another row of the
+// same content (outputs_inline), else NULL: its bytes are in blobs (the
+// row's foreign key, on blob, checks that). The other row is there when
+// the blob was Put for this record but an earlier batch of the session
+// took it with a record of the same content (pending blobs are the
+// session's, not a record's): the earlier batch committed first.
+const outputDataSQL = `coalesce(o.data, (SELECT x.data FROM {s}.outputs x WHERE x.sha256 = o.sum AND x.data IS NOT NULL LIMIT 1))`
+
 // appendOneSQL is appendSQL for the common batch of one record without
 // outputs (a begin), and appendOneOutputSQL for one record with one
-// output (a checkpoint's complete): the same statement shape, with the
-// values as scalar parameters, so that neither pgx (array encoding) nor
-// the server (unnest) handles arrays for them.
+// output (a checkpoint's complete: its bytes $18): the same statement
+// shape, with the values as scalar parameters, so that neither pgx (array
+// encoding) nor the server (unnest) handles arrays for them.
 const (
 	appendOneSQL       = appendOneRecord + appendOneHead
 	appendOneOutputSQL = appendOneRecord + `
 ), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) VALUES ($1, $2, $15, $16, $17)` + appendOneHead
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, $2, o.path, o.sum, o.size, ` + outputDataSQL + ` FROM (VALUES ($15::text, $16::bytea, $17::bigint, $18::bytea)) o(path, sum, size, data)` + appendOneHead
 
 	appendOneRecord = `WITH ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
@@ -608,30 +620,28 @@ func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 // the same in its last expression (betEnd).
 const syncOnSQL = `SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') = 'off'`
 
-// betOwnBlob: a bet's append statement stores its one output's blob
-// (false: benchmarks measure the blob as a statement of its own).
-var betOwnBlob = true
+// inlineOutputs: a batch's small outputs ride in their outputs rows
+// (schema version 4; false: in blobs and blob_chunks, as every output did
+// before, which the benchmarks compare).
+var inlineOutputs = true
 
 // queueWrites queues what a batch's commit writes: the small blobs it
-// carries (before the records that name them: the outputs' foreign key;
-// or, in a bet whose one blob is its one record's one output, in the
-// append statement: betOwnBlobSQL), the records, their outputs and the
-// head's compare-and-set in one statement, and the projections due. bet is nil for a locked batch; for
-// an optimistic one, the bet's parameters (the session's lock key, lazy),
-// and the append statement is its bet form (optimistic.go), which also
-// locks the head row and probes the session's own lock.
+// carries that none of its outputs holds in its row (outputData), before
+// the records (the outputs' foreign key to blobs), then the records,
+// their outputs (a small one with its bytes) and the head's
+// compare-and-set in one statement, and the projections due. bet is nil
+// for a locked batch; for an optimistic one, the bet's parameters (the
+// session's lock key, lazy), and the append statement is its bet form
+// (optimistic.go), which also locks the head row and probes the session's
+// own lock.
 func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 	db := b.s.db
 	if !b.took {
 		b.inline, b.took = b.s.blobs.take(), true
 	}
 	r, o, n := &b.rows, &b.outs, len(b.rows.seq)
-	// own: the batch's one small blob is its one output's, which a bet's
-	// append statement stores itself (betOwnBlobSQL).
-	own := betOwnBlob && bet != nil && n == 1 && len(o.seq) == 1 && len(b.inline) == 1 && bytes.Equal(b.inline[0].sum, o.sha[0])
-	if !own {
-		b.s.blobs.queueInline(pb, b.inline)
-	}
+	data, rest := b.outputData()
+	b.s.blobs.queueInline(pb, rest)
 	if n > 0 {
 		headHash, _ := hex.DecodeString(b.head.Hash)
 		var q string
@@ -644,7 +654,7 @@ func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 		case n == 1 && len(o.seq) == 1:
 			q = appendOneOutputSQL
 			args = []any{b.runID, r.seq[0], r.line[0], r.hash[0], r.ev[0], r.stage[0], r.attempt[0], r.key[0], r.sessID[0], r.at[0],
-				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0]}
+				b.to.End, b.to.LastLen, b.head.Seq, headHash, o.path[0], o.sha[0], o.size[0], data[0]}
 		default:
 			q = appendSQL
 			// FlatArray: slices of types pgx has no plan for ([][]byte,
@@ -652,18 +662,41 @@ func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
 			args = []any{b.runID, r.seq, pgtype.FlatArray[[]byte](r.line), pgtype.FlatArray[[]byte](r.hash), r.ev,
 				pgtype.FlatArray[*string](r.stage), pgtype.FlatArray[*int32](r.attempt), pgtype.FlatArray[*string](r.key),
 				pgtype.FlatArray[pgtype.UUID](r.sessID), r.at,
-				o.seq, o.path, pgtype.FlatArray[[]byte](o.sha), o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash}
+				o.seq, o.path, pgtype.FlatArray[[]byte](o.sha), o.size, b.to.Seq, r.hash[n-1], b.to.End, b.to.LastLen, r.at[n-1], b.head.Seq, headHash,
+				pgtype.FlatArray[[]byte](data)}
 		}
-		switch {
-		case own:
-			q, args = betOwnBlobSQL, append(args, b.inline[0].data, int64(len(b.inline[0].data)))
-			args = append(args, bet...)
-		case bet != nil:
+		if bet != nil {
 			q, args = betForm[q], append(args, bet...)
 		}
 		pb.Queue(db.sql(q), args...)
 	}
 	b.s.queuePublish(pb, b.runID, false)
+}
+
+// outputData returns the bytes each of the batch's outputs holds in its
+// row: the small blob the batch carries under its sha256, or nil (its
+// bytes are in blobs, or another row holds them: outputDataSQL); and the
+// small blobs no output of the batch holds, which go to blobs (Put for a
+// record of a later batch, or for a caller of the seam that names them
+// otherwise).
+func (b *batch) outputData() (data [][]byte, rest []inlineBlob) {
+	o := &b.outs
+	data = make([][]byte, len(o.seq))
+	if !inlineOutputs {
+		return data, b.inline
+	}
+	for _, x := range b.inline {
+		held := false
+		for i, sum := range o.sha {
+			if bytes.Equal(sum, x.sum) && o.size[i] == int64(len(x.data)) {
+				data[i], held = x.data, true
+			}
+		}
+		if !held {
+			rest = append(rest, x)
+		}
+	}
+	return data, rest
 }
 
 // commit sends commitBatch in one round trip. A connection lost around
@@ -749,7 +782,7 @@ func (b *batch) appendError(err error) error {
 				return b.lostBet(pe.Code)
 			}
 		case "23503":
-			if pe.ConstraintName == "outputs_sha256_fkey" {
+			if pe.ConstraintName == "outputs_blob_fkey" {
 				return fmt.Errorf("pgstore: run %s: a record names an output whose bytes are not in %s.blobs (%s): store them first (Blobs.Put); nothing was recorded",
 					b.s.name, b.s.db.schema, pe.Detail)
 			}

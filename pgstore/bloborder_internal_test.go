@@ -1,8 +1,10 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -37,9 +39,9 @@ func TestBlobWritersTakeTheChunkFirst(t *testing.T) {
 			}
 			return tx.Commit(context.Background())
 		}},
-		{"a bet's own blob", func(t *testing.T, data []byte) error {
-			s, session, at := openBetting(t, db, "own-blob")
-			_, err := betAppend(t, s, at, session, "m", 1, data, true)
+		{"a bet's blob that no output of its holds", func(t *testing.T, data []byte) error {
+			s, session, at := openBetting(t, db, "rest-blob")
+			_, err := betPutAppend(t, s, at, session, data)
 			return err
 		}},
 	} {
@@ -73,6 +75,16 @@ func TestBlobWritersTakeTheChunkFirst(t *testing.T) {
 			assert.Equal(t, 1, n)
 		})
 	}
+}
+
+// betPutAppend puts data as a blob and bets a record without outputs: the
+// batch carries the blob, which no output row of it holds, to the blobs
+// tables (the path of a blob Put for a record of a later batch).
+func betPutAppend(t *testing.T, s *store, at runstate.Position, session string, data []byte) (runstate.Position, error) {
+	t.Helper()
+	sum := sha256.Sum256(data)
+	require.NoError(t, s.Blobs().Put(context.Background(), hex.EncodeToString(sum[:]), int64(len(data)), bytes.NewReader(data)))
+	return betAppend(t, s, at, session, "m", 1, nil, true)
 }
 
 // beginHolder begins the transaction that holds what a test's writer
@@ -122,7 +134,7 @@ func TestBetEndedByADeadlockIsALostBet(t *testing.T) {
 		_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), sum[:], data)
 		done <- err
 	}()
-	_, err = betAppend(t, s, at, session, "m", 1, data, true)
+	_, err = betPutAppend(t, s, at, session, data)
 	require.ErrorIs(t, err, runstate.ErrConflict)
 	assert.Contains(t, err.Error(), "deadlock")
 	require.NoError(t, <-done, "the holder goes on once the bet is rolled back")

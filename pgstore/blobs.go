@@ -27,7 +27,8 @@ const chunkSize = 1 << 20
 var MaxBlob int64 = 256 << 20
 
 // inlineMax is the size up to which a blob rides in the next batch's
-// transaction instead of one of its own.
+// transaction instead of one of its own: in the row of each output of the
+// batch that names it (queueWrites), else in blobs.
 const inlineMax = 64 << 10
 
 // blobStore keeps outputs content-addressed in blobs and blob_chunks,
@@ -103,7 +104,11 @@ func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
 	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), pgtype.FlatArray[[]byte](sums), sizes)
 }
 
-// Missing returns those of sha256s (hex) that the database does not hold.
+// Missing returns those of sha256s (hex) that the database does not hold
+// as blobs. Bytes held only in an outputs row (a small output, schema
+// version 4) count as missing: a record that names them without a Put
+// would need a blob row for its output's key unless a row of its own
+// batch holds them, so the caller Puts them again (idempotent; small).
 func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, error) {
 	sums := make([][]byte, 0, len(sha256s))
 	for _, s := range sha256s {
@@ -264,7 +269,9 @@ func readExactly(sum string, size int64, r io.Reader) ([]byte, error) {
 
 // Get streams the blob sum (hex), one chunk per query, checking its hash
 // at the end: a reader that ends without error got exactly the stored
-// bytes. A blob the database lacks is an error wrapping fs.ErrNotExist.
+// bytes. A small output's bytes are in its outputs row (schema version 4,
+// queueWrites), where no blobs row holds them. A blob the database lacks
+// is an error wrapping fs.ErrNotExist.
 func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) {
 	want, err := decodeSum(sum)
 	if err != nil {
@@ -272,13 +279,21 @@ func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) 
 	}
 	var size int64
 	var chunks int
-	err = b.db.pool.QueryRow(ctx, b.db.sql(`SELECT size, chunks FROM {s}.blobs WHERE sha256 = $1`), want).Scan(&size, &chunks)
+	var data []byte
+	err = b.db.pool.QueryRow(ctx, b.db.sql(`SELECT size, chunks, NULL FROM {s}.blobs WHERE sha256 = $1
+		UNION ALL (SELECT size, 0, data FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL LIMIT 1) LIMIT 1`), want).Scan(&size, &chunks, &data)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("pgstore: blob %s is not in %s.blobs: %w", sum, b.db.schema, errNotExist)
+		return nil, fmt.Errorf("pgstore: blob %s is neither in %s.blobs nor in an outputs row: %w", sum, b.db.schema, errNotExist)
 	} else if err != nil {
 		return nil, b.db.rightsError("read blob "+sum, err)
 	}
-	return &blobReader{b: b, ctx: ctx, sum: sum, want: want, size: size, chunks: chunks, h: sha256.New()}, nil
+	r := &blobReader{b: b, ctx: ctx, sum: sum, want: want, size: size, chunks: chunks, h: sha256.New(), where: b.db.schema + ".blob_chunks"}
+	if data != nil {
+		r.where = "an outputs row of " + b.db.schema
+		r.buf, r.got = data, int64(len(data))
+		r.h.Write(data)
+	}
+	return r, nil
 }
 
 type blobReader struct {
@@ -293,6 +308,7 @@ type blobReader struct {
 	buf    []byte
 	h      hash.Hash
 	err    error
+	where  string // where the bytes are, for errors
 }
 
 func (r *blobReader) Read(p []byte) (int, error) {
@@ -302,7 +318,7 @@ func (r *blobReader) Read(p []byte) (int, error) {
 		}
 		if r.next == r.chunks {
 			if r.got != r.size || hex.EncodeToString(r.h.Sum(nil)) != r.sum {
-				r.err = fmt.Errorf("%w: blob %s in %s.blob_chunks has %d bytes with another hash (damaged?)", runstate.ErrCorrupt, r.sum, r.b.db.schema, r.got)
+				r.err = fmt.Errorf("%w: blob %s in %s has %d bytes with another hash (damaged?)", runstate.ErrCorrupt, r.sum, r.where, r.got)
 			} else {
 				r.err = io.EOF
 			}

@@ -117,13 +117,16 @@
 // # Outputs
 //
 // Outputs stay files in each machine's work dir; their bytes are also
-// kept in the database, content addressed (blobs, blob_chunks of 1 MiB),
-// stored before the record that names them (a foreign key makes a
-// complete without its bytes impossible). Begin on another machine fetches
-// its After stages' outputs, and restores a done stage's missing or
-// altered local copy. MaxBlob caps one output (256 MiB). Verify checks
-// every output's blob rows and chunks; with RehashBlobs it also reads the
-// bytes back and rehashes them.
+// kept in the database, content addressed: a small output's (up to 64
+// KiB) in its outputs row, committed with the record that names it (a
+// check refuses bytes that do not hash to the row's sha256); a larger
+// one's in blobs and blob_chunks (1 MiB each), stored before that record
+// (a foreign key makes an output without its bytes impossible). Begin on
+// another machine fetches its After stages' outputs, and restores a done
+// stage's missing or altered local copy. MaxBlob caps one output (256
+// MiB). Verify rehashes the bytes in outputs rows and checks every blob's
+// rows and chunks; with RehashBlobs it also reads the blobs' bytes back
+// and rehashes them.
 //
 // # A machine's work dir
 //

@@ -16,10 +16,10 @@ import (
 // still the run's head as this store last saw it (its own last commit, or
 // a Lock that found no other session's records), a batch skips Lock's
 // round trip. Its commit is one pipelined round trip with no BEGIN and no
-// COMMIT (betBatch): the small blobs it carries, then ONE append statement
-// (betForm; betOwnBlobSQL, which also stores the blob, when the batch's
-// one blob is its one record's one output: a checkpoint's complete is then
-// one statement, with the projections due), whose first CTE locks the head
+// COMMIT (betBatch): the small blobs it carries that none of its outputs
+// holds in its row (a checkpoint's complete has none: its output's bytes
+// are in its row, and the complete is one statement with the projections
+// due), then ONE append statement (betForm), whose first CTE locks the head
 // row NOWAIT only if it is still at the bet's position and probes the
 // session's own lock under that row lock (the self-fence Lock probes)
 // before the records, their outputs and the head's compare-and-set, and
@@ -212,39 +212,29 @@ var betForm = map[string]string{
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
 		"$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16"),
-	appendOneOutputSQL: betNumbered(betLock+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$18", "$L", "$19"),
+	appendOneOutputSQL: betNumbered(betLock+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, $2, o.path, o.sum, o.size, `+outputDataSQL+` FROM h, (VALUES ($15::text, $16::bytea, $17::bigint, $18::bytea)) o(path, sum, size, data)
+  WHERE h.moved = 1 AND h.fence = 1`+betHead, "$P", "$13", "$H", "$14", "$K", "$19", "$L", "$20"),
 	appendSQL: betNumbered(betLock+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, u.* FROM h, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
   WHERE h.moved = 1 AND h.fence = 1
 ), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size)
-  SELECT $1, o.* FROM h, unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[]) o WHERE h.moved = 1 AND h.fence = 1
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, o.seq, o.path, o.sum, o.size, `+outputDataSQL+` FROM h, unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[], $22::bytea[]) o(seq, path, sum, size, data)
+  WHERE h.moved = 1 AND h.fence = 1
 ), head AS (
   UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
   WHERE id = $1 AND last_seq = $20 AND last_hash = $21 AND EXISTS (SELECT FROM h) RETURNING 1
 )
-`+betEnd, "$P", "$20", "$H", "$21", "$K", "$22", "$L", "$23"),
+`+betEnd, "$P", "$20", "$H", "$21", "$K", "$23", "$L", "$24"),
 }
 
-// betOwnBlobSQL is the bet form of appendOneOutputSQL that also stores
-// the output's bytes ($18, of $19 bytes), when they are the one small blob
-// the batch carries (a checkpoint's complete): one statement instead of
-// two. The outputs' foreign key is checked at the statement's end, when
-// the blob's row is there. The blob's row reads from c, so that its chunk
-// goes in first, as every writer of blobs does (insertOneBlobSQL).
-var betOwnBlobSQL = betNumbered(betLock+`c AS (
-  INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT $16, 0, $18 FROM h WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING RETURNING 1
-), bl AS (
-  INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $16, $19, 1 FROM h, (SELECT count(*) FROM c) c WHERE h.moved = 1 AND h.fence = 1 ON CONFLICT DO NOTHING
-), `+betOneOutput, "$P", "$13", "$H", "$14", "$K", "$20", "$L", "$21")
-
 const (
-	betOneOutput = `ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
-), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size) SELECT $1, $2, $15, $16, $17 FROM h WHERE h.moved = 1 AND h.fence = 1` + betHead
 	betLock = `WITH h AS (
   SELECT 1 / count(*)::int AS moved, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END)) AS fence
   FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $P AND last_hash = $H FOR NO KEY UPDATE NOWAIT) l

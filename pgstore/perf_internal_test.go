@@ -228,9 +228,11 @@ FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $2 AND last_hash = $3 FO
 // implicit one's, explicit-median-ns the other's, x-explicit their ratio:
 // the pairing cancels most of a shared machine's drift. "output" is a
 // complete whose record names a new ~100-byte output (Put first: its
-// blob rides in the batch), in three ways: the bet storing the blob in
-// its append statement (median-ns), the bet with the blob as a statement
-// of its own (separate-median-ns, x-separate), and the explicit one.
+// blob rides in the batch), in three ways: the bet with the bytes in the
+// output's row (median-ns: schema version 4), the bet storing them in
+// blobs and blob_chunks by a statement of its own before the append
+// (separate-median-ns, x-separate: how outputs were stored before), and
+// the explicit one (blobs too).
 func BenchmarkBetCommit(b *testing.B) {
 	for _, c := range []struct {
 		name         string
@@ -243,8 +245,8 @@ func BenchmarkBetCommit(b *testing.B) {
 			s, session, at := openBetting(b, db, "bet")
 			pad := strings.Repeat("x", 200)
 			k := 0
-			// one commits a batch: explicit, or a bet (own: storing its
-			// blob in its append statement).
+			// one commits a batch: explicit, or a bet (own: with the
+			// output's bytes in its row, inlineOutputs).
 			one := func(explicit, own bool) time.Duration {
 				ob, ok := s.LockOptimistic(at)
 				if !ok {
@@ -264,7 +266,7 @@ func BenchmarkBetCommit(b *testing.B) {
 				}
 				line := fmt.Sprintf(`{"seq":%d,"ev":"note","session":%q,"note":%q,"prev":%q}`, at.Seq+1, session, pad, at.Hash)
 				to := runstate.Position{Seq: at.Seq + 1, Hash: lineHash([]byte(line)), End: at.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
-				betOwnBlob = own
+				inlineOutputs = own
 				start := time.Now()
 				err := bb.Append([]*runstate.Record{{Seq: to.Seq, At: bb.Now(), Ev: "note", Session: session, Outputs: outs}}, []byte(line+"\n"), to)
 				switch {
@@ -287,7 +289,7 @@ func BenchmarkBetCommit(b *testing.B) {
 					err = ob.Confirm(ctx)
 				}
 				d := time.Since(start)
-				betOwnBlob = true
+				inlineOutputs = true
 				if err == nil {
 					err = ob.Unlock()
 				}

@@ -13,8 +13,9 @@ import (
 )
 
 // VerifyStore adds the database's own checks to runstate.VerifyStore: the
-// run's head row names its last record; every output row's blob is there
-// with all its chunks and its size. It reads one snapshot, takes no lock
+// run's head row names its last record; every output row holds bytes that
+// hash to its sha256 (a small output, schema version 4), or its blob is
+// there with all its chunks and its size. It reads one snapshot, takes no lock
 // and writes nothing; safe for concurrent use.
 func (s *store) VerifyStore(ctx context.Context) ([]runstate.Problem, error) {
 	return s.verify(ctx, false)
@@ -70,7 +71,8 @@ func (s *store) verify(ctx context.Context, rehash bool) ([]runstate.Problem, er
 			What: fmt.Sprintf("the head row (%s.runs) names record %d, but the last record is %d (or its hash differs)", s.db.schema, headSeq, lastSeq),
 			Fix:  "the tables were edited by hand: restore them from a backup"})
 	}
-	rows, err := tx.Query(ctx, s.db.sql(`SELECT o.seq, o.path, o.sha256, b.size IS NULL, coalesce(b.size, 0), o.size,
+	rows, err := tx.Query(ctx, s.db.sql(`SELECT o.seq, o.path, o.sha256, o.data IS NOT NULL,
+		coalesce(length(o.data) = o.size AND pg_catalog.sha256(o.data) = o.sha256, false), b.size IS NULL, coalesce(b.size, 0), o.size,
 		coalesce(b.chunks, 0), (SELECT count(*) FROM {s}.blob_chunks c WHERE c.sha256 = o.sha256),
 		(SELECT coalesce(sum(length(c.data)), 0) FROM {s}.blob_chunks c WHERE c.sha256 = o.sha256),
 		coalesce((SELECT r.stage FROM {s}.records r WHERE r.run_id = o.run_id AND r.seq = o.seq), '')
@@ -85,15 +87,19 @@ func (s *store) verify(ctx context.Context, rehash bool) ([]runstate.Problem, er
 		var blobSize, chunkBytes int64
 		var chunks, haveChunks int
 		var sum []byte
-		var missing bool
-		if err := rows.Scan(&o.seq, &o.path, &sum, &missing, &blobSize, &o.size, &chunks, &haveChunks, &chunkBytes, &o.stage); err != nil {
+		var inline, inlineOK, missing bool
+		if err := rows.Scan(&o.seq, &o.path, &sum, &inline, &inlineOK, &missing, &blobSize, &o.size, &chunks, &haveChunks, &chunkBytes, &o.stage); err != nil {
 			return nil, err
 		}
 		o.sum = hex.EncodeToString(sum)
 		what, fix := "", fmt.Sprintf("invalidate the stage that made it (runstate invalidate %s %s) so that it runs again and stores its output anew", shellArg(s.Address()), o.stage)
 		switch {
+		case inline && inlineOK: // its bytes are in its row, and hash to it
+		case inline:
+			what = "the bytes in its outputs row are not the ones its sha256 and size name (" + s.db.schema + ".outputs was edited with its check outputs_data_sum dropped?)"
+			fix = fmt.Sprintf("restore %s.outputs from a backup, or %s", s.db.schema, fix)
 		case missing:
-			what = "its blob is missing from " + s.db.schema + ".blobs"
+			what = "its blob is missing from " + s.db.schema + ".blobs, and its outputs row does not hold its bytes"
 		case blobSize != o.size:
 			what = fmt.Sprintf("its blob has %d bytes, the record says %d", blobSize, o.size)
 		case haveChunks != chunks || chunkBytes != blobSize:

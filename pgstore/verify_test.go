@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"strings"
+	"io"
 	"testing"
 
 	"github.com/runstate/runstate"
@@ -35,7 +35,7 @@ func sumOf(data []byte) []byte {
 	return h[:]
 }
 
-// TestVerifyRehashesBlobs: with RehashBlobs, Verify reads every output's
+// TestVerifyRehashesBlobs: with RehashBlobs, Verify reads every blob's
 // bytes back from blob_chunks and reports a blob whose bytes no longer
 // hash to its sha256 (a byte changed, the size the same: the row counts
 // cannot tell), naming the run, the output's stage, path and record, and
@@ -43,7 +43,7 @@ func sumOf(data []byte) []byte {
 func TestVerifyRehashesBlobs(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
-	small, big := blobRun(t, db)
+	_, big := blobRun(t, db)
 	rep, err := db.Verify(ctx, "r", RehashBlobs())
 	require.NoError(t, err)
 	assert.Empty(t, rep.Problems, "a clean run is clean")
@@ -67,17 +67,49 @@ func TestVerifyRehashesBlobs(t *testing.T) {
 	assert.Contains(t, p.Fix, "restore "+db.schema+".blob_chunks from a backup")
 	assert.Contains(t, p.Fix, "runstate invalidate")
 
-	// The small blob's only chunk gone: the row check finds it, and the
+	// The big blob's first chunk gone: the row check finds it, and the
 	// rehash does not report it a second time.
-	_, err = db.pool.Exec(ctx, db.sql(`DELETE FROM {s}.blob_chunks WHERE sha256 = $1`), sumOf(small))
+	_, err = db.pool.Exec(ctx, db.sql(`DELETE FROM {s}.blob_chunks WHERE sha256 = $1 AND n = 0`), sumOf(big))
 	require.NoError(t, err)
 	rep, err = db.Verify(ctx, "r", RehashBlobs())
 	require.NoError(t, err)
-	require.Len(t, rep.Problems, 2, "%v", rep.Problems)
-	var whats []string
-	for _, p := range rep.Problems {
-		whats = append(whats, p.What)
-	}
-	assert.Contains(t, strings.Join(whats, "\n"), "output out/small.txt of stage make (record ")
-	assert.Contains(t, strings.Join(whats, "\n"), "0 of 1 chunks")
+	require.Len(t, rep.Problems, 1, "%v", rep.Problems)
+	assert.Contains(t, rep.Problems[0].What, "output out/big.bin of stage make (record ")
+	assert.Contains(t, rep.Problems[0].What, "1 of 2 chunks")
+}
+
+// TestVerifyChecksTheBytesInAnOutputsRow: a small output's bytes are in
+// its outputs row (schema version 4), where the check outputs_data_sum
+// refuses bytes that do not hash to the row's sha256. Edited by hand with
+// the check dropped, Verify (without RehashBlobs: the row's bytes are
+// small) reports the output, and Get refuses the bytes (ErrCorrupt).
+func TestVerifyChecksTheBytesInAnOutputsRow(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	small, _ := blobRun(t, db)
+	var inRow, asBlob int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT (SELECT count(*) FROM {s}.outputs WHERE sha256 = $1 AND data = $2),
+		(SELECT count(*) FROM {s}.blobs WHERE sha256 = $1)`), sumOf(small), small).Scan(&inRow, &asBlob))
+	assert.Equal(t, 1, inRow, "the small output's bytes are in its row")
+	assert.Zero(t, asBlob, "and not in blobs")
+
+	_, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.outputs SET data = $2 WHERE sha256 = $1`), sumOf(small), []byte("smell\n"))
+	require.Error(t, err, "the check refuses other bytes")
+	assert.Contains(t, err.Error(), "outputs_data_sum")
+
+	_, err = db.pool.Exec(ctx, db.sql(`ALTER TABLE {s}.outputs DROP CONSTRAINT outputs_data_sum`))
+	require.NoError(t, err)
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.outputs SET data = $2 WHERE sha256 = $1`), sumOf(small), []byte("smell\n"))
+	require.NoError(t, err)
+	rep, err := db.Verify(ctx, "r")
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1, "%v", rep.Problems)
+	assert.Contains(t, rep.Problems[0].What, "output out/small.txt of stage make (record ")
+	assert.Contains(t, rep.Problems[0].What, "the bytes in its outputs row are not the ones its sha256 and size name")
+	assert.Contains(t, rep.Problems[0].Fix, "restore "+db.schema+".outputs from a backup")
+
+	rc, err := db.Store("r").Blobs().Get(ctx, hex.EncodeToString(sumOf(small)))
+	require.NoError(t, err)
+	_, err = io.ReadAll(rc)
+	require.ErrorIs(t, err, runstate.ErrCorrupt)
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -426,31 +427,53 @@ func TestSplitRun(t *testing.T) {
 }
 
 // TestVerifyBlobsRehashesTheStoredOutputs: 'runstate verify -blobs ADDR'
-// reads every output's bytes back from the database and fails on one that
-// was altered there (plain verify cannot see it: the sizes hold); on a run
-// directory -blobs changes nothing (its artifacts are rehashed always).
+// reads every output's bytes back from the database's blobs and fails on
+// one that was altered there (plain verify cannot see it: the sizes
+// hold); on a run directory -blobs changes nothing (its artifacts are
+// rehashed always). A small output's bytes are in its outputs row, which
+// plain verify rehashes: altered there (the row's check dropped), plain
+// verify fails.
 func TestVerifyBlobsRehashesTheStoredOutputs(t *testing.T) {
 	p := newPair(t)
+	ctx := context.Background()
+	o := opts
+	r, err := p.db.Open(ctx, "billing", p.work, &o)
+	require.NoError(t, err)
+	big := bytes.Repeat([]byte("a big output, kept in blobs\n"), 4096)
+	require.NoError(t, r.Do(ctx, "big", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out/big.txt", big)
+	}))
+	require.NoError(t, r.Close())
 	res := runIn("verify", "-blobs", p.addr)
 	require.Equal(t, 0, res.code, res.out+res.err)
 	assert.Contains(t, res.out, "every output's stored bytes rehashed")
 	res = runIn("verify", "-blobs", p.dir)
 	assert.Equal(t, 0, res.code, res.out+res.err)
 
-	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, strings.TrimSuffix(p.dsn, "&schema="+p.db.Schema())) // pgx sends no schema parameter
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	tag, err := conn.Exec(ctx, "UPDATE "+pgx.Identifier{p.db.Schema()}.Sanitize()+
-		`.blob_chunks SET data = overlay(data placing 'X'::bytea from 1 for 1) WHERE data = $1`, []byte("output of plan\n"))
+	schema := pgx.Identifier{p.db.Schema()}.Sanitize()
+	sum := sha256.Sum256(big)
+	tag, err := conn.Exec(ctx, "UPDATE "+schema+`.blob_chunks SET data = overlay(data placing 'X'::bytea from 1 for 1) WHERE sha256 = $1`, sum[:])
 	require.NoError(t, err)
 	require.Equal(t, int64(1), tag.RowsAffected())
 
 	res = runIn("verify", p.addr)
-	assert.Equal(t, 0, res.code, "plain verify reads no bytes: %s", res.out)
+	assert.Equal(t, 0, res.code, "plain verify reads no blob's bytes: %s", res.out)
 	res = runIn("verify", "-blobs", p.addr)
 	assert.Equal(t, 1, res.code, res.out+res.err)
-	assert.Contains(t, res.out, "output artifacts/plan.md of stage plan (record ")
+	assert.Contains(t, res.out, "output out/big.txt of stage big (record ")
 	assert.Contains(t, res.out, "fix: no machine can restore this output from the database")
 	assert.Contains(t, res.out, "FAILED: ")
+
+	_, err = conn.Exec(ctx, "ALTER TABLE "+schema+".outputs DROP CONSTRAINT outputs_data_sum")
+	require.NoError(t, err)
+	tag, err = conn.Exec(ctx, "UPDATE "+schema+`.outputs SET data = overlay(data placing 'X'::bytea from 1 for 1) WHERE data = $1`, []byte("output of plan\n"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+	res = runIn("verify", p.addr)
+	assert.Equal(t, 1, res.code, res.out+res.err)
+	assert.Contains(t, res.out, "output artifacts/plan.md of stage plan (record ")
+	assert.Contains(t, res.out, "the bytes in its outputs row are not the ones its sha256 and size name")
 }

@@ -158,7 +158,7 @@ func (s *pgSource) VerifyBlobs(ctx context.Context) (*runstate.Report, error) {
 }
 
 func (s *pgSource) VerifyChecks() string {
-	return "and so do the store's own checks (the run's head row, every output's blob)"
+	return "and so do the store's own checks (the run's head row, every output's bytes)"
 }
 
 // Alive asks pg_locks whether each session's advisory lock is held; it

@@ -1,0 +1,109 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// commitOutputs commits one batch from the head the store knows: a
+// record per element of outs, naming those outputs, under the lock
+// (locked) or as a bet. It Puts nothing: the test does.
+func commitOutputs(t *testing.T, s *store, from runstate.Position, session string, locked bool, outs ...[]runstate.Output) runstate.Position {
+	t.Helper()
+	ctx := context.Background()
+	var b runstate.Batch
+	if locked {
+		var err error
+		b, err = s.Lock(ctx, from)
+		require.NoError(t, err)
+	} else {
+		ob, ok := s.LockOptimistic(from)
+		require.True(t, ok, "the store bets on the head it knows (%d)", from.Seq)
+		b = ob
+	}
+	defer b.Abort() // a no-op after Unlock
+	pos := from
+	var recs []*runstate.Record
+	var lines bytes.Buffer
+	for _, o := range outs {
+		rec := &runstate.Record{Seq: pos.Seq + 1, At: b.Now(), Ev: "note", Session: session, Outputs: o}
+		line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"note","session":%q,"note":"outputs","prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, pos.Hash)
+		recs = append(recs, rec)
+		lines.WriteString(line + "\n")
+		pos = runstate.Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+	}
+	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
+	require.NoError(t, b.Sync(ctx))
+	require.NoError(t, b.Unlock())
+	return pos
+}
+
+// TestSmallOutputsRideInTheirRows (schema version 4): a small output's
+// bytes, Put before its record, are stored in the row of each output of
+// the batch that names them, in a batch of several records (the array
+// statement) as in a bet of one (the scalar one), and not as a blob. A
+// blob that no output of the batch names goes to blobs. An output whose
+// bytes were Put but taken by an earlier batch with another record of the
+// same content (pending blobs are the session's) gets them from that
+// row; one whose bytes are only in blobs names its blob. Get reads each.
+func TestSmallOutputsRideInTheirRows(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	s, session, at := openBetting(t, db, "inline")
+	x, y, z := []byte("the same bytes twice\n"), []byte("other bytes\n"), []byte("bytes for a later batch\n")
+	out := func(path string, data []byte) runstate.Output {
+		sum := sha256.Sum256(data)
+		return runstate.Output{Path: path, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(data))}
+	}
+	for _, data := range [][]byte{x, x, y, z} { // x by two stages
+		o := out("", data)
+		require.NoError(t, s.Blobs().Put(ctx, o.SHA256, o.Size, bytes.NewReader(data)))
+	}
+	at = commitOutputs(t, s, at, session, true, []runstate.Output{out("a/x", x)}, []runstate.Output{out("b/x", x), out("b/y", y)})
+	at = commitOutputs(t, s, at, session, false, []runstate.Output{out("c/x", x)})
+	commitOutputs(t, s, at, session, false, []runstate.Output{out("d/z", z)})
+
+	rows, err := db.pool.Query(ctx, db.sql(`SELECT path, coalesce(data, ''), blob IS NOT NULL FROM {s}.outputs ORDER BY path`))
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var path string
+		var data []byte
+		var blob bool
+		err := r.Scan(&path, &data, &blob)
+		return fmt.Sprintf("%s %q blob=%v", path, data, blob), err
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []string{
+		`a/x "the same bytes twice\n" blob=false`,
+		`b/x "the same bytes twice\n" blob=false`,
+		`b/y "other bytes\n" blob=false`,
+		`c/x "the same bytes twice\n" blob=false`,
+		`d/z "" blob=true`,
+	}, got)
+	rows, err = db.pool.Query(ctx, db.sql(`SELECT b.sha256 FROM {s}.blobs b JOIN {s}.blob_chunks c USING (sha256)`))
+	require.NoError(t, err)
+	blobs, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{sumOf(z)}, blobs, "only the bytes no output of their batch named are a blob")
+
+	for _, data := range [][]byte{x, y, z} {
+		rc, err := s.Blobs().Get(ctx, hex.EncodeToString(sumOf(data)))
+		require.NoError(t, err)
+		b, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		assert.Equal(t, data, b)
+	}
+	_, err = s.Blobs().Get(ctx, hex.EncodeToString(sumOf([]byte("never stored"))))
+	require.ErrorIs(t, err, errNotExist)
+}
