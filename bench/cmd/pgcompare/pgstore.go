@@ -31,7 +31,7 @@ func init() {
 	register(contenderInfo{
 		name:  "pgstore",
 		order: 10,
-		about: "runstate pgstore: one Run.Do per checkpoint, its output via Stage.WriteFile (bytes also stored as a blob in the database); a session alone on its run sends its begins ahead of their reply",
+		about: "runstate pgstore: one Run.Do per checkpoint, its output via Stage.WriteFile (its bytes also stored in the database, in the output's row); a session alone on its run sends its begins ahead of their reply",
 		make:  func() contender { return &pgRun{} },
 		procs: true,
 		runs:  true,
