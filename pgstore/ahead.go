@@ -29,15 +29,28 @@ import (
 // mode: a batch of begins (synchronous_commit off) is written to the
 // connection and Confirm returns without its reply, so the stage's work
 // starts; the complete's batch is written behind it, on the same
-// connection, and its Sync reads both replies, the begin's first. A
-// SIGKILL of the process during the work leaves the begin to the server
+// connection, and its Sync reads both replies, the begin's first. While
+// the session lives no other session can append before the server has
+// run the begin, so the bet holds: the head is the session's own; and the
+// server runs the complete after the begin, in the connection's order,
+// while the client wrote the output.
+//
+// A SIGKILL of the process during the work leaves the begin to the server
 // (the kernel delivers what was written before it closes the socket),
-// which commits it as if the reply had been read. No other session can
-// append before the server has run it, so the bet holds: the head is the
-// session's own, its lock is held (the bet's fence still checks, on the
-// server, as every bet's does); and the server runs the complete after
-// the begin, in the connection's order, while the client wrote the
-// output.
+// which commits it as if the reply had been read. The server may run it
+// only after it has seen the lock connection end and freed the session's
+// lock (the two connections' backends run in no set order: on a busy
+// server the begin's waits for a CPU). So a batch sent ahead is not
+// fenced: its statement gets no session key, and does not probe the
+// session's lock, which would be found free there and the begin refused,
+// the killed attempt going uncounted. Its fence is the compare-and-set:
+// a session that found this one gone and recorded anything moved the
+// head, and the begin fails (nothing written); one that has recorded
+// nothing yet finds the begin, and its session gone (interrupted: the
+// attempt counts). A begin whose session's lock connection alone was cut
+// while its process lives lands the same way, before any record of
+// another session, and is found the same way. The complete, and every
+// batch that is awaited, keeps the probe: a session cut off ends no stage.
 //
 // A batch goes on the pipeline only in an epoch of having the run alone
 // (the count of the session's takes of the run's lock) in which an

@@ -175,11 +175,20 @@ type aheadReport struct {
 	SentNow    int // and once its work runs
 }
 
+// aheadArgs are an aheadholder's: where its run is, and Gate: report
+// "confirmed" once the head is confirmed in the run alone and wait for the
+// parent's "go" before the held stage (after a Do that prepares the
+// begin's statement on the pipeline).
+type aheadArgs struct {
+	runArgs
+	Gate bool
+}
+
 // aheadHolderRole opens the run alone, waits until it has the run alone,
 // confirms its head with a Do, then runs a Do of "held" whose function
 // reports "holding" and blocks until the process is killed.
 func aheadHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) error {
-	var a runArgs
+	var a aheadArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return err
 	}
@@ -206,6 +215,17 @@ func aheadHolderRole(ctx context.Context, raw json.RawMessage, cio *childIO) err
 	if err := doOutput(ctx, run, "confirm"); err != nil {
 		return err
 	}
+	if a.Gate {
+		// A begin on the pipeline first, so that its statement is prepared
+		// there (a Prepare is awaited: it would wait for the gate).
+		if err := doOutput(ctx, run, "primed"); err != nil {
+			return err
+		}
+		cio.send("confirmed", holding{Session: run.Session()})
+		if cmd := cio.next(); cmd != "go" {
+			return fmt.Errorf("aheadholder: %q instead of go", cmd)
+		}
+	}
 	r := aheadReport{Session: run.Session(), SentBefore: sentAhead(st)}
 	return run.Do(ctx, "held", func(ctx context.Context, s *runstate.Stage) error {
 		r.SentNow = sentAhead(st)
@@ -229,15 +249,81 @@ func TestBeginSentAheadSurvivesSIGKILL(t *testing.T) {
 	require.NoError(t, ch.cmd.Process.Kill())
 	ch.wait(10 * time.Second)
 
-	ctx := context.Background()
-	db, err := Connect(ctx, dsn)
+	db, err := Connect(context.Background(), dsn)
 	require.NoError(t, err)
 	defer db.Close()
-	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "ahead"})
+	resumeHeld(t, db, r.Session)
+}
+
+// resumeHeld opens the run "run" in a new session and checks that the
+// killed session's attempt of "held" counts: the new session begins
+// attempt 2, and attempt 1 is recorded interrupted, naming the dead
+// session, which left nothing after its begin.
+func resumeHeld(t *testing.T, db *DB, session string) {
+	t.Helper()
+	run, err := db.Open(context.Background(), "run", t.TempDir(), &runstate.Options{Request: "ahead"})
 	require.NoError(t, err)
 	defer run.Close()
 	st, _ := takeOver(t, run, "held", 5*time.Second, time.Millisecond)
 	assert.Equal(t, 2, st.Attempt(), "the killed attempt counts")
 	require.NoError(t, st.Complete())
-	checkInterrupted(t, ledger(t, db, "run"), "held", holding{Session: r.Session})
+	checkInterrupted(t, ledger(t, db, "run"), "held", holding{Session: session})
+}
+
+// The same, with the server made to run the begin only after it has freed
+// the killed session's locks: the test holds the run table's lock while
+// the child sends the held stage's begin ahead (the begin's statement
+// waits for it before its first step), SIGKILLs the child, waits until
+// the session's own lock is free (its lock connection's end is processed)
+// and only then lets the begin's statement go. The begin still lands, and
+// counts: a begin sent ahead belongs to the moment it was written, when
+// its process lived (its fence is the compare-and-set; the complete's
+// statement keeps the probe of the session's lock).
+func TestBeginSentAheadLandsWhenTheServerRunsItAfterTheKill(t *testing.T) {
+	dsn := withSchema(testDSN(t), newSchema(t))
+	ctx := context.Background()
+	db, err := Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	ch := startChild(t, "aheadholder", aheadArgs{runArgs: runArgs{DSN: dsn, Run: "run", Dir: t.TempDir()}, Gate: true})
+	var h holding
+	ch.expect("confirmed", 60*time.Second, &h)
+
+	gate, err := db.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer gate.Rollback(ctx)
+	_, err = gate.Exec(ctx, db.sql("LOCK TABLE {s}.records IN ACCESS EXCLUSIVE MODE"))
+	require.NoError(t, err)
+	ch.tell("go")
+	var r aheadReport
+	ch.expect("holding", 60*time.Second, &r)
+	require.Equal(t, r.SentBefore+1, r.SentNow, "held's begin went ahead of its reply")
+	// The begin's statement is waiting for the table's lock.
+	_, ok := poll(10*time.Second, 5*time.Millisecond, func() bool {
+		var n int
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE '%pg_try_advisory_xact_lock_shared%'`).Scan(&n))
+		return n == 1
+	})
+	require.True(t, ok, "the begin's statement waits for the run table's lock")
+	ch.kill()
+	key := lockKey(h.Session)
+	_, ok = poll(10*time.Second, 5*time.Millisecond, func() bool {
+		var n int
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, key).Scan(&n))
+		return n == 0
+	})
+	require.True(t, ok, "the killed session's lock was freed")
+	require.NoError(t, gate.Commit(ctx))
+	// The begin's statement ends (committed or not) and its backend with it.
+	_, ok = poll(10*time.Second, 5*time.Millisecond, func() bool {
+		var n int
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE query LIKE '%pg_try_advisory_xact_lock_shared%' AND pid <> pg_backend_pid()`).Scan(&n))
+		return n == 0
+	})
+	require.True(t, ok, "the begin's backend ended")
+
+	resumeHeld(t, db, r.Session)
 }

@@ -719,8 +719,14 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		defer a.mu.Unlock()
 		var on bool
 		if on, alone, epoch = b.s.onPipeline(b.ses); on && n > 0 {
+			// A batch sent ahead (lazy) is not fenced: no session key, so
+			// its statement does not probe the session's lock (ahead.go).
+			key := any(b.ses.key)
+			if lazy {
+				key = (*int64)(nil)
+			}
 			var bp pgx.Batch
-			b.queueWrites(&bp, []any{b.ses.key, lazy})
+			b.queueWrites(&bp, []any{key, lazy})
 			return b.s.send(ctx, b, &bp, lazy)
 		}
 		if err := b.s.releasePipeline(ctx); err != nil {

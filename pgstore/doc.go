@@ -56,7 +56,10 @@
 // close), within about 10 s of its machine vanishing (tcp_user_timeout).
 // Every append batch checks, under the head row lock, that its own session
 // still holds its lock, so a session cut off can no longer append
-// (runstate.ErrSessionLost once it is lost for good). A session whose lock
+// (runstate.ErrSessionLost once it is lost for good). The one exception is
+// a batch of begins sent ahead by a session alone on its run (below):
+// written before the session was cut off, it lands if the server runs it
+// before any other session's record, and ends no stage. A session whose lock
 // connection died takes its lock back (under the head row lock) unless a
 // record names it gone meanwhile; after 10 s without it, it is lost. A
 // lost session's Run stops its running stages at once (the store is a
@@ -81,13 +84,16 @@
 // runs the begin while the client writes the output (here 30-35 µs for
 // the begin instead of 174-228, pgcompare). Nothing else changes: no other
 // session can append before the begin lands (it would need the run's
-// lock), a SIGKILL during the work leaves the begin to the server (the
-// next session finds the stage interrupted, attempt counted), and the
-// begin's statement still checks the head and the session's own lock. A
-// begin sent so that does not land (the session's lock lost, a server
-// crash before its WAL writer flushed it) fails the next batch with
-// runstate.ErrSessionLost: the Run turns read-only, as after any lost
-// record. A session that opens meanwhile takes the run's want lock,
+// lock), and a SIGKILL during the work leaves the begin to the server (the
+// next session finds the stage interrupted, attempt counted), also when
+// the server runs it only after it has freed the killed session's lock.
+// The begin's statement checks the head (the compare-and-set) but, unlike
+// every other batch's, not the session's own lock, which the server may
+// have freed by then: a session that found this one gone and recorded
+// anything has moved the head, and the begin fails. A begin sent so that
+// does not land (the head moved, a server crash before its WAL writer
+// flushed it) fails the next batch with runstate.ErrSessionLost: the Run
+// turns read-only, as after any lost record. A session that opens meanwhile takes the run's want lock,
 // notifies the run's channel (LISTEN/NOTIFY) and waits for the run's
 // lock; the one alone, which waits for that notification on its lock
 // connection (and probes the want lock at its pings, once a second, in

@@ -191,8 +191,9 @@ var _ runstate.Optimist = (*store)(nil)
 // that locks the head row only if it is still at the bet's position
 // ($P, $H), without waiting for another session's batch (NOWAIT: 55P03),
 // and then, above that row lock (an aggregate over the locked row),
-// probes the session's own lock ($K): takeable means the session is gone.
-// No row (the head moved) divides by zero (22012); a takeable own lock
+// probes the session's own lock ($K): takeable means the session is gone
+// (a NULL $K probes nothing: a batch of begins sent ahead, ahead.go). No
+// row (the head moved) divides by zero (22012); a takeable own lock
 // takes the square root of -1 (2201F). Both failing expressions depend on
 // the row and on a volatile function, so that the planner cannot fold
 // them into an error at plan time. Every write of the statement selects
