@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 )
 
@@ -40,17 +40,26 @@ import (
 // which commits it as if the reply had been read. The server may run it
 // only after it has seen the lock connection end and freed the session's
 // lock (the two connections' backends run in no set order: on a busy
-// server the begin's waits for a CPU). So a batch sent ahead is not
-// fenced: its statement gets no session key, and does not probe the
-// session's lock, which would be found free there and the begin refused,
-// the killed attempt going uncounted. Its fence is the compare-and-set:
-// a session that found this one gone and recorded anything moved the
-// head, and the begin fails (nothing written); one that has recorded
-// nothing yet finds the begin, and its session gone (interrupted: the
-// attempt counts). A begin whose session's lock connection alone was cut
-// while its process lives lands the same way, before any record of
-// another session, and is found the same way. The complete, and every
-// batch that is awaited, keeps the probe: a session cut off ends no stage.
+// server the begin's waits for a CPU). Two things make it count all the
+// same:
+//   - The pipeline's connection is one of its own (not the pool's), with
+//     the lock connection's keepalives and tcp_user_timeout, and holds
+//     the session's pipeline key (pipeKey) for its life. Another session
+//     finds this one gone only when its lock and that key are both free
+//     (Alive, Live), and the server frees the key when it ends the
+//     backend, after the input it had: so nobody decides on the killed
+//     session before its begin has run.
+//   - A batch sent ahead is not fenced by the probe of the session's own
+//     lock (its statement gets no session key), which would find the lock
+//     free and refuse the begin. Its fence is the compare-and-set: a
+//     session that found this one gone and recorded anything moved the
+//     head, and the begin fails (nothing written).
+// A begin whose session's lock connection alone was cut while its process
+// lives lands the same way (the session re-holds its lock, or is lost, and
+// its pipeline closed: lostAhead). The complete, and every batch that is
+// awaited, keeps the probe: a session cut off ends no stage. The
+// connection stays open, and its key held, until the session yields the
+// run, is lost, or closes.
 //
 // A batch goes on the pipeline only in an epoch of having the run alone
 // (the count of the session's takes of the run's lock) in which an
@@ -69,7 +78,7 @@ import (
 // so that nothing is sent after it), and only then lets the run's lock go:
 // the other session's first batch finds every begin this one sent.
 
-// ahead is the pipeline: a pooled connection in pipeline mode and the
+// ahead is the pipeline: a connection of its own in pipeline mode and the
 // batches sent on it whose replies are not read yet, in order. Guarded by
 // mu, which a commit of an optimistic batch holds from its decision to
 // send on the pipeline (or to read it back first) to its return.
@@ -80,7 +89,8 @@ type ahead struct {
 	// next take.
 	epoch uint64
 	off   uint64
-	conn  *pgxpool.Conn
+	conn  *pgx.Conn        // a connection of its own, holding the session's pipeKey
+	key   int64            // that key
 	pipe  *pgconn.Pipeline // nil: the connection is in normal mode
 	// stmts: the statements prepared on conn, by their SQL.
 	stmts map[string]*pgconn.StatementDescription
@@ -116,12 +126,12 @@ func (s *store) onPipeline(ses *session) (ok, alone bool, epoch uint64) {
 func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) error {
 	a := &s.ahead
 	if a.conn == nil {
-		conn, err := s.db.pool.Acquire(ctx)
+		conn, err := s.pipeConnect(ctx, b.ses)
 		if err != nil {
 			s.blobs.putBack(b.inline)
-			return fmt.Errorf("%w: %w", runstate.ErrConflict, s.db.connectError(err)) // nothing was sent: Lock decides
+			return fmt.Errorf("%w: %w", runstate.ErrConflict, err) // nothing was sent: Lock decides
 		}
-		a.conn, a.stmts = conn, map[string]*pgconn.StatementDescription{}
+		a.conn, a.key, a.stmts = conn, pipeKey(b.ses.id), map[string]*pgconn.StatementDescription{}
 	}
 	// A statement new to the connection is prepared in normal mode, after
 	// what is on the pipeline (once per statement and connection).
@@ -136,7 +146,7 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 		if a.conn == nil {
 			return s.send(ctx, b, pb, lazy) // readBack dropped it
 		}
-		sd, err := a.conn.Conn().Prepare(ctx, q.SQL, q.SQL)
+		sd, err := a.conn.Prepare(ctx, q.SQL, q.SQL)
 		if err != nil {
 			s.blobs.putBack(b.inline)
 			s.dropPipeline()
@@ -145,9 +155,9 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 		a.stmts[q.SQL] = sd
 	}
 	if a.pipe == nil {
-		a.pipe = a.conn.Conn().PgConn().StartPipeline(context.Background())
+		a.pipe = a.conn.PgConn().StartPipeline(context.Background())
 	}
-	tm := a.conn.Conn().TypeMap()
+	tm := a.conn.TypeMap()
 	for _, q := range pb.QueuedQueries {
 		sd := a.stmts[q.SQL]
 		if err := a.eqb.Build(tm, sd, q.Arguments); err != nil {
@@ -274,24 +284,35 @@ func (s *store) aheadFailed(b *batch, err error) error {
 	return s.ahead.err
 }
 
-// dropPipeline takes the pipeline's connection out of the pool and closes
-// it without reading what is left, as a killed process's would be (the
-// server still runs what it received). The caller holds a.mu.
+// dropPipeline closes the pipeline's connection without reading what is
+// left, as a killed process's would be (the server still runs what it
+// received, then frees the session's pipeline key). The caller holds a.mu.
 func (s *store) dropPipeline() {
 	a := &s.ahead
 	if a.conn == nil {
 		return
 	}
-	closeNow(a.conn.Hijack())
+	closeNow(a.conn)
 	a.conn, a.pipe, a.stmts, a.sent = nil, nil, nil, nil
 }
 
-// releasePipeline reads back what is on the pipeline and gives its
-// connection back to the pool. The caller holds a.mu.
-func (s *store) releasePipeline(ctx context.Context) error {
+// releasePipeline reads back what is on the pipeline, which leaves its
+// connection in normal mode; end: the connection is closed too (its key
+// let go). It is kept otherwise, with its statements prepared: opening one
+// takes a connection's setup, and a batch of projections alone, which does
+// not go on the pipeline, comes every second or so. The caller holds a.mu.
+func (s *store) releasePipeline(ctx context.Context, end bool) error {
 	err := s.readBack(ctx)
-	if a := &s.ahead; a.conn != nil {
-		a.conn.Release()
+	if a := &s.ahead; a.conn != nil && end {
+		// Its key let go before the connection ends (the server frees it
+		// only when the backend exits, a moment after a Terminate).
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
+		if _, uerr := a.conn.Exec(cctx, "SELECT pg_advisory_unlock($1)", a.key); uerr != nil {
+			closeNow(a.conn)
+		} else {
+			_ = a.conn.Close(cctx)
+		}
+		cancel()
 		a.conn, a.stmts = nil, nil
 	}
 	if err == nil {
@@ -306,18 +327,19 @@ func (s *store) flushAhead(ctx context.Context) error {
 	a := &s.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return s.releasePipeline(ctx)
+	return s.releasePipeline(ctx, false)
 }
 
 // stopAhead is the session's yield in epoch (session.go): nothing goes on
 // the pipeline until the run is taken alone again, and what is there is
-// read back.
+// read back; its connection is closed (the session shares the run now,
+// maybe for long).
 func (s *store) stopAhead(epoch uint64) {
 	a := &s.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.off = epoch
-	_ = s.releasePipeline(context.Background())
+	_ = s.releasePipeline(context.Background(), true)
 }
 
 // closeAhead ends the pipeline at Close: read back when clean; otherwise
@@ -328,8 +350,56 @@ func (s *store) closeAhead(clean bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if clean {
-		_ = s.releasePipeline(context.Background())
+		_ = s.releasePipeline(context.Background(), true)
 		return
 	}
+	if a.conn != nil {
+		key := a.key
+		s.dropPipeline()
+		s.waitPipeFree(key)
+	}
+}
+
+// pipeConnect opens the pipeline's connection: one of its own (not from
+// the pool), with the lock connections' keepalives and tcp_user_timeout,
+// holding the session's pipeKey for its life. Another session counts the
+// session alive while the key is held (Alive, Live), so that a killed
+// process is found gone only once the server has run, and ended, what it
+// wrote to its pipeline: the server frees the key when it ends the
+// backend, after the input it had. A key still held by the session's
+// previous pipeline (being closed) is waited for, as long as ctx allows.
+func (s *store) pipeConnect(ctx context.Context, ses *session) (*pgx.Conn, error) {
+	cfg := s.db.lockCfg.Copy()
+	cfg.RuntimeParams["application_name"] = "runstate pipeline " + ses.id
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", pipeKey(ses.id)); err != nil {
+		closeNow(conn)
+		return nil, s.db.connectError(err)
+	}
+	return conn, nil
+}
+
+// waitPipeFree waits (at most 5 s) until the server has freed key, the
+// pipeline key of a connection just closed without a word: a session
+// closed as a killed process would be is gone to the others only then.
+func (s *store) waitPipeFree(key int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for ctx.Err() == nil && advisoryHeld(ctx, s.db, key) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// lostAhead is the session's dropAhead (session.go): once the session is
+// lost, its pipeline's connection is closed without reading what is left
+// (the server still runs what it received), so that its key no longer
+// keeps the session alive to the others.
+func (s *store) lostAhead() {
+	a := &s.ahead
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	s.dropPipeline()
 }

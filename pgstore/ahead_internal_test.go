@@ -271,14 +271,16 @@ func resumeHeld(t *testing.T, db *DB, session string) {
 }
 
 // The same, with the server made to run the begin only after it has freed
-// the killed session's locks: the test holds the run table's lock while
-// the child sends the held stage's begin ahead (the begin's statement
-// waits for it before its first step), SIGKILLs the child, waits until
-// the session's own lock is free (its lock connection's end is processed)
-// and only then lets the begin's statement go. The begin still lands, and
-// counts: a begin sent ahead belongs to the moment it was written, when
-// its process lived (its fence is the compare-and-set; the complete's
-// statement keeps the probe of the session's lock).
+// the killed session's own lock: the test holds the records table's lock
+// while the child sends the held stage's begin ahead (the begin's
+// statement waits for it before its first step), SIGKILLs the child,
+// waits until the session's own lock is free (its lock connection's end
+// is processed) and only then lets the begin's statement go. Meanwhile
+// the session is alive to the others (Live): its pipeline's backend holds
+// the session's pipeline key until it has run its input and ended. The
+// begin lands, and counts: a begin sent ahead belongs to the moment it was
+// written, when its process lived (its fence is the compare-and-set; the
+// complete's statement keeps the probe of the session's lock).
 func TestBeginSentAheadLandsWhenTheServerRunsItAfterTheKill(t *testing.T) {
 	dsn := withSchema(testDSN(t), newSchema(t))
 	ctx := context.Background()
@@ -315,6 +317,12 @@ func TestBeginSentAheadLandsWhenTheServerRunsItAfterTheKill(t *testing.T) {
 		return n == 0
 	})
 	require.True(t, ok, "the killed session's lock was freed")
+	// Until the server has run what the process wrote to its pipeline, the
+	// session is alive to the others: its pipeline's key is held.
+	time.Sleep(100 * time.Millisecond)
+	live, err := db.Store("run").(*store).Live(ctx, []string{h.Session})
+	require.NoError(t, err)
+	assert.True(t, live[h.Session], "the killed session is alive while its pipeline's backend has the begin to run")
 	require.NoError(t, gate.Commit(ctx))
 	// The begin's statement ends (committed or not) and its backend with it.
 	_, ok = poll(10*time.Second, 5*time.Millisecond, func() bool {
@@ -324,6 +332,48 @@ func TestBeginSentAheadLandsWhenTheServerRunsItAfterTheKill(t *testing.T) {
 		return n == 0
 	})
 	require.True(t, ok, "the begin's backend ended")
+	_, ok = poll(10*time.Second, 5*time.Millisecond, func() bool {
+		live, err := db.Store("run").(*store).Live(ctx, []string{h.Session})
+		require.NoError(t, err)
+		return !live[h.Session]
+	})
+	require.True(t, ok, "the killed session is gone once its pipeline's backend ended")
 
 	resumeHeld(t, db, r.Session)
+}
+
+// The pipeline's connection holds the session's pipeline key, which keeps
+// the session alive to the others, while the session has the run alone;
+// when the session is lost the connection is closed (lostAhead), and once
+// its own lock is free too, the others find it gone. A clean Close lets
+// the key go as well.
+func TestPipelineKeyHeldWhileAloneAndLetGoWhenLost(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	key := func(st *store) int64 { return pipeKey(st.ses.id) }
+	live := func(st *store, session string) bool {
+		l, err := st.Live(ctx, []string{session})
+		require.NoError(t, err)
+		return l[session]
+	}
+
+	st, run := openAlone(t, db, "lost")
+	require.NoError(t, doOutput(ctx, run, "ahead"))
+	require.True(t, advisoryHeld(ctx, db, key(st)), "the pipeline's key is held while the session has the run alone")
+	session := st.ses.id
+	st.ses.mu.Lock()
+	st.ses.lose(errors.New("a test loses it"))
+	st.ses.mu.Unlock()
+	_, ok := poll(5*time.Second, 5*time.Millisecond, func() bool { return !advisoryHeld(ctx, db, pipeKey(session)) })
+	require.True(t, ok, "the lost session's pipeline key let go")
+	_, ok = poll(5*time.Second, 5*time.Millisecond, func() bool { return !live(st, session) })
+	require.True(t, ok, "the lost session gone to the others")
+	require.ErrorIs(t, doOutput(ctx, run, "after"), runstate.ErrSessionLost)
+
+	st2, run2 := openAlone(t, db, "clean")
+	require.NoError(t, doOutput(ctx, run2, "ahead"))
+	k2 := key(st2)
+	require.True(t, advisoryHeld(ctx, db, k2))
+	require.NoError(t, run2.Close())
+	assert.False(t, advisoryHeld(ctx, db, k2), "a clean Close lets the pipeline's key go before it returns")
 }

@@ -309,9 +309,9 @@ func (b *batch) Tail(fn func(line []byte) error) error {
 func (b *batch) Now() time.Time { return b.now }
 
 // Alive reports whether session holds its lock, probing it under the head
-// row lock: a session whose lock this transaction can take (shared, until
-// COMMIT) is gone. A failed probe, or a server within its restart grace,
-// answers alive.
+// row lock: a session whose lock and pipeline key (ahead.go) this
+// transaction can both take (shared, until COMMIT) is gone. A failed
+// probe, or a server within its restart grace, answers alive.
 func (b *batch) Alive(session string) bool {
 	if session == "" {
 		return false
@@ -328,15 +328,15 @@ func (b *batch) Alive(session string) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	q := "SELECT pg_try_advisory_xact_lock_shared($1)"
+	q := "SELECT " + goneSQL
 	if b.inGrace {
 		// Only a session that held its lock before the restart may be
 		// reconnecting; one opened since was proven gone by its lock.
-		q = b.s.db.sql(`SELECT CASE WHEN EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $2 AND opened < pg_postmaster_start_time())
-			THEN false ELSE pg_try_advisory_xact_lock_shared($1) END`)
+		q = b.s.db.sql(`SELECT CASE WHEN EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $3 AND opened < pg_postmaster_start_time())
+			THEN false ELSE ` + goneSQL + ` END`)
 	}
 	var free bool
-	args := []any{lockKey(session)}
+	args := []any{lockKey(session), pipeKey(session)}
 	if b.inGrace {
 		args = append(args, session)
 	}
@@ -348,6 +348,13 @@ func (b *batch) Alive(session string) bool {
 	}
 	return !free
 }
+
+// goneSQL is true when a session's lock ($1) and its pipeline key ($2)
+// are both free: both taken shared until COMMIT, so that neither can be
+// taken back exclusive before the batch's decision is committed (the
+// pipeline key first: while it is held the session's own lock is left
+// alone).
+const goneSQL = `CASE WHEN pg_try_advisory_xact_lock_shared($2) THEN pg_try_advisory_xact_lock_shared($1) ELSE false END`
 
 // Append queues the batch's records (and their outputs) for the COMMIT
 // round trip; to is the position after them.
@@ -729,7 +736,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 			b.queueWrites(&bp, []any{key, lazy})
 			return b.s.send(ctx, b, &bp, lazy)
 		}
-		if err := b.s.releasePipeline(ctx); err != nil {
+		if err := b.s.releasePipeline(ctx, false); err != nil {
 			return err
 		}
 		var err error

@@ -283,6 +283,11 @@ func lockKey(session string) int64 {
 func runKey(runID string) int64  { return hashKey("runstate/run/" + runID) }
 func wantKey(runID string) int64 { return hashKey("runstate/want/" + runID) }
 
+// pipeKey is the advisory lock key a session's pipeline connection holds
+// for its life (ahead.go): while it is held the session is alive, as while
+// its own lock (lockKey) is.
+func pipeKey(session string) int64 { return hashKey("runstate/pipe/" + session) }
+
 func hashKey(s string) int64 {
 	h := sha256.Sum256([]byte(s))
 	return int64(binary.BigEndian.Uint64(h[:8]))

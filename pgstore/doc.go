@@ -86,7 +86,11 @@
 // session can append before the begin lands (it would need the run's
 // lock), and a SIGKILL during the work leaves the begin to the server (the
 // next session finds the stage interrupted, attempt counted), also when
-// the server runs it only after it has freed the killed session's lock.
+// the server runs it only after it has freed the killed session's lock:
+// the pipeline's connection (one of its own, with the lock connection's
+// keepalives) holds the session's pipeline key, and the others find a
+// session gone only when its lock and that key are both free, the key
+// being freed when the server ends the backend, after the input it had.
 // The begin's statement checks the head (the compare-and-set) but, unlike
 // every other batch's, not the session's own lock, which the server may
 // have freed by then: a session that found this one gone and recorded

@@ -183,7 +183,7 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
 	for _, d := range b.dead {
-		pb.Queue(`SELECT pg_try_advisory_xact_lock_shared($1)`, lockKey(d))
+		pb.Queue("SELECT "+goneSQL, lockKey(d), pipeKey(d))
 	}
 	br := conn.SendBatch(ctx, &pb)
 	err = b.recheck(br)

@@ -77,6 +77,11 @@ type session struct {
 	// a value when it is done.
 	yield   func(epoch uint64)
 	yielded chan struct{}
+	// dropAhead, set by the store before the pinger starts: closes the
+	// pipeline's connection, whose key (pipeKey) keeps the session alive
+	// to the others (ahead.go); called on a goroutine of its own once the
+	// session is lost.
+	dropAhead func()
 
 	mu     sync.Mutex
 	conn   *pgx.Conn // nil while reconnecting
@@ -106,11 +111,11 @@ type session struct {
 }
 
 // hold opens the lock connection and takes the session's lock, and the
-// run's shared. yield is the store's (ahead.go): nil, the session never
-// has the run alone.
-func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint64)) (*session, error) {
+// run's shared. yield and dropAhead are the store's (ahead.go): nil, the
+// session never has the run alone.
+func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint64), dropAhead func()) (*session, error) {
 	s := &session{db: db, id: id, key: lockKey(id), runID: runID, runKey: runKey(runID), wantKey: wantKey(runID),
-		yield: yield, yielded: make(chan struct{}, 1), held: make(chan struct{}), lostCh: make(chan error, 1),
+		yield: yield, dropAhead: dropAhead, yielded: make(chan struct{}, 1), held: make(chan struct{}), lostCh: make(chan error, 1),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	conn, err := s.connect(ctx)
 	if err != nil {
@@ -497,6 +502,9 @@ func (s *session) lose(cause error) {
 	close(s.held)
 	s.held = make(chan struct{})
 	s.lostCh <- s.lost // buffered, sent once: s.lost was nil
+	if s.dropAhead != nil {
+		go s.dropAhead() // it takes the pipeline's mutex, which a commit holding it may hold while it asks s.mu
+	}
 }
 
 var _ runstate.LeaseWatcher = (*store)(nil)
@@ -599,10 +607,14 @@ func (s *session) close(clean bool) {
 }
 
 // lockHeld reports whether the session's lock is held, from pg_locks.
-func (s *session) lockHeld(ctx context.Context) bool {
+func (s *session) lockHeld(ctx context.Context) bool { return advisoryHeld(ctx, s.db, s.key) }
+
+// advisoryHeld reports whether a session-level advisory lock on key is
+// held, from pg_locks (true when that cannot be read).
+func advisoryHeld(ctx context.Context, db *DB, key int64) bool {
 	var n int
-	err := s.db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
-		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, s.key).Scan(&n)
+	err := db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid`, key).Scan(&n)
 	return err != nil || n > 0
 }
 

@@ -65,7 +65,7 @@ func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Posi
 	if err != nil {
 		return nil, runstate.Position{}, err
 	}
-	ses, err := s.db.hold(ctx, runID, session, s.stopAhead)
+	ses, err := s.db.hold(ctx, runID, session, s.stopAhead, s.lostAhead)
 	if err != nil {
 		return nil, runstate.Position{}, err
 	}
@@ -162,20 +162,23 @@ func (s *store) Read(ctx context.Context, from runstate.Position, fn func(line [
 	return 0, nil // a transaction cannot tear a line
 }
 
-// Live reports, for each session, whether its lock is held, from pg_locks:
-// no lock is taken. Within the restart grace a session that opened before
-// the restart is alive (it may be reconnecting).
+// Live reports, for each session, whether its lock or its pipeline key
+// (ahead.go) is held, from pg_locks: no lock is taken. Within the restart
+// grace a session that opened before the restart is alive (it may be
+// reconnecting).
 func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, error) {
 	keys := make([]int64, len(sessions))
+	pipes := make([]int64, len(sessions))
 	for i, id := range sessions {
-		keys[i] = lockKey(id)
+		keys[i], pipes[i] = lockKey(id), pipeKey(id)
 	}
 	rows, err := s.db.pool.Query(ctx, s.db.sql(`SELECT k, (now() - pg_postmaster_start_time() < $3::interval
 		AND EXISTS (SELECT 1 FROM {s}.sessions WHERE id::text = u.id AND opened < pg_postmaster_start_time())) OR EXISTS (
 		SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid AND l.objsubid = 1)
-		FROM unnest($1::bigint[], $2::text[]) u(k, id)`), keys, sessions, grace)
+		AND l.objsubid = 1 AND ((l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid)
+			OR (l.classid = ((p >> 32) & 4294967295)::oid AND l.objid = (p & 4294967295)::oid)))
+		FROM unnest($1::bigint[], $2::text[], $4::bigint[]) u(k, id, p)`), keys, sessions, grace, pipes)
 	if err != nil {
 		return nil, s.db.connectError(err)
 	}
