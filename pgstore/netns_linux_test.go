@@ -92,17 +92,26 @@ func (m *machine) restore(t testing.TB) {
 	}
 }
 
+// newMachineServer makes a test machine (newMachine) and a server that
+// listens to it too, and connects to the server from here (schema netns),
+// closed at the test's end.
+func newMachineServer(t *testing.T) (*machine, *pgServer, *DB) {
+	t.Helper()
+	m := newMachine(t)
+	srv := startServer(t, []string{m.hostIP}, []string{m.network})
+	db, err := Connect(context.Background(), srv.dsn("127.0.0.1")+"&schema=netns")
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	return m, srv, db
+}
+
 // A machine holding a stage vanishes (its link cut): the parent's Begin
 // takes the stage over within userTimeout + 2 s; when the network comes
 // back, the cut-off process's Complete fails with ErrSessionLost; one
 // complete per attempt (attempt 2's, the parent's).
 func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
-	m := newMachine(t)
-	srv := startServer(t, []string{m.hostIP}, []string{m.network})
+	m, srv, db := newMachineServer(t)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=netns")
-	require.NoError(t, err)
-	defer db.Close()
 	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "pgfault"})
 	require.NoError(t, err)
 	defer run.Close()
@@ -135,4 +144,36 @@ func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 	recs := ledger(t, db, "run")
 	assert.Equal(t, map[int]int{2: 1}, completesOf(recs, "held"), "completes of held by attempt")
 	checkInterrupted(t, recs, "held", h)
+}
+
+// The same for a session alone on its run, which sent the held stage's
+// begin ahead of its reply on its pipeline connection: the machine
+// vanishes; a session opened afterwards (its Open waits for the vanished
+// session's run lock) takes the stage over, as attempt 2, within
+// userTimeout + 5 s of the cut: the server ends both of the vanished
+// session's connections (the lock connection's, and the pipeline's, whose
+// key keeps the session alive, by the same keepalives and
+// tcp_user_timeout), and finds the begin it sent.
+func TestRunMachineDeathAloneTakeover(t *testing.T) {
+	m, srv, db := newMachineServer(t)
+	ctx := context.Background()
+	ch := startChild(t, "aheadholder", aheadArgs{runArgs: runArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}}, m.wrap()...)
+	var r aheadReport
+	ch.expect("holding", time.Minute, &r)
+	require.Equal(t, r.SentBefore+1, r.SentNow, "held's begin went ahead of its reply")
+	require.True(t, advisoryHeld(ctx, db, pipeKey(r.Session)), "the vanishing session's pipeline key is held")
+
+	m.cut(t)
+	start := time.Now()
+	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "ahead"})
+	require.NoError(t, err)
+	defer run.Close()
+	st, _ := takeOver(t, run, "held", userTimeout+30*time.Second, 10*time.Millisecond)
+	took := time.Since(start)
+	t.Logf("machine death of a session alone -> stage taken over after %v (tcp_user_timeout %v)", took.Round(time.Millisecond), userTimeout)
+	assert.LessOrEqual(t, took, userTimeout+5*time.Second, "takeover slower than tcp_user_timeout + 5 s")
+	assert.Equal(t, 2, st.Attempt(), "the vanished session's attempt counts")
+	require.NoError(t, st.Complete())
+	checkInterrupted(t, ledger(t, db, "run"), "held", holding{Session: r.Session})
+	m.restore(t)
 }
