@@ -356,7 +356,10 @@ func (s *store) closeAhead(clean bool) {
 	if a.conn != nil {
 		key := a.key
 		s.dropPipeline()
-		s.waitPipeFree(key)
+		// Gone to the others only once the server has freed its key.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		waitAdvisoryFree(ctx, s.db, key)
+		cancel()
 	}
 }
 
@@ -380,17 +383,6 @@ func (s *store) pipeConnect(ctx context.Context, ses *session) (*pgx.Conn, error
 		return nil, s.db.connectError(err)
 	}
 	return conn, nil
-}
-
-// waitPipeFree waits (at most 5 s) until the server has freed key, the
-// pipeline key of a connection just closed without a word: a session
-// closed as a killed process would be is gone to the others only then.
-func (s *store) waitPipeFree(key int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for ctx.Err() == nil && advisoryHeld(ctx, s.db, key) {
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // lostAhead is the session's dropAhead (session.go): once the session is

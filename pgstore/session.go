@@ -592,9 +592,7 @@ func (s *session) close(clean bool) {
 		// The server frees the lock once it sees the socket closed, a
 		// moment later: wait for that, so that the next session finds
 		// this one gone as it would a killed process's (tests).
-		for ctx.Err() == nil && s.lockHeld(ctx) {
-			time.Sleep(time.Millisecond)
-		}
+		waitAdvisoryFree(ctx, s.db, s.key)
 		return
 	}
 	// Unlocked before Close returns (a Terminate message alone frees the
@@ -606,8 +604,15 @@ func (s *session) close(clean bool) {
 	_ = conn.Close(ctx)
 }
 
-// lockHeld reports whether the session's lock is held, from pg_locks.
-func (s *session) lockHeld(ctx context.Context) bool { return advisoryHeld(ctx, s.db, s.key) }
+// waitAdvisoryFree waits, as long as ctx allows, until the server has
+// freed the session-level advisory lock key (held by a connection just
+// closed without a word: the server frees it once it sees the socket
+// closed, a moment later).
+func waitAdvisoryFree(ctx context.Context, db *DB, key int64) {
+	for ctx.Err() == nil && advisoryHeld(ctx, db, key) {
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // advisoryHeld reports whether a session-level advisory lock on key is
 // held, from pg_locks (true when that cannot be read).
