@@ -1,0 +1,81 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// arrayPlans sums, over the connection's prepared statements that are the
+// array form of the append statement (appendSQL, locked or bet), how many
+// times the server used their generic plan and how many times it planned
+// them afresh (a custom plan).
+func arrayPlans(ctx context.Context, t *testing.T, conn *pgx.Conn) (generic, custom int64) {
+	t.Helper()
+	err := conn.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
+		FROM pg_prepared_statements WHERE statement LIKE '%unnest($2::bigint[]%'`).Scan(&generic, &custom)
+	require.NoError(t, err)
+	return generic, custom
+}
+
+// The array form of the append statement, which commits a batch of
+// several records (8 goroutines on one run), runs on its generic plan,
+// planned once per connection, on the pool's connections and on the
+// pipeline's: the server would otherwise plan it afresh at every batch
+// (genericPlanSQL).
+func TestBatchesOfSeveralRecordsRunOnTheGenericPlan(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	for _, alone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("alone=%v", alone), func(t *testing.T) {
+			name := fmt.Sprintf("plans-%v", alone)
+			var run *runstate.Run
+			var st *store
+			if alone {
+				st, run = openAlone(t, db, name) // its batches go on the pipeline
+			} else {
+				run, st = openOptimist(t, db, name) // on the pool's connections (not alone before a ping)
+			}
+			var generic, custom, onPipe int64
+			for round := 0; round < 5 && generic+custom == 0; round++ {
+				var wg sync.WaitGroup
+				for g := range 8 {
+					wg.Go(func() {
+						for k := range 10 {
+							assert.NoError(t, doOutput(ctx, run, fmt.Sprintf("r%d-g%d-%d", round, g, k)))
+						}
+					})
+				}
+				wg.Wait()
+				require.False(t, t.Failed())
+				generic, custom, onPipe = 0, 0, 0
+				conns := db.pool.AcquireAllIdle(ctx)
+				for _, c := range conns {
+					g, c2 := arrayPlans(ctx, t, c.Conn())
+					generic, custom = generic+g, custom+c2
+					c.Release()
+				}
+				a := &st.ahead
+				a.mu.Lock()
+				if a.conn != nil {
+					require.NoError(t, st.readBack(ctx))
+					g, c2 := arrayPlans(ctx, t, a.conn)
+					generic, custom, onPipe = generic+g, custom+c2, onPipe+g+c2
+				}
+				a.mu.Unlock()
+			}
+			require.Positive(t, generic+custom, "no batch of several records in 5 rounds of 8 goroutines")
+			require.Zero(t, custom, "the array form was planned afresh %d times (and ran %d times on its generic plan)", custom, generic)
+			if alone {
+				require.Positive(t, onPipe, "no batch of several records went on the pipeline")
+			}
+			checkChain(t, db, name)
+		})
+	}
+}
