@@ -607,7 +607,7 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 // betBatch's.)
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	var pb pgx.Batch
-	b.queueWrites(&pb, nil)
+	b.queueWrites(&pb, lazy, nil)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	} else {
@@ -650,7 +650,9 @@ const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan
 var inlineOutputs = true
 
 // queueWrites queues what a batch's commit writes: the small blobs it
-// carries that none of its outputs holds in its row (outputData), before
+// carries (every pending one, or when lazy, a batch committed with
+// synchronous_commit off, those its outputs name: take) that none of its
+// outputs holds in its row (outputData), before
 // the records (the outputs' foreign key to blobs), then the records,
 // their outputs (a small one with its bytes) and the head's
 // compare-and-set in one statement, and the projections due. bet is nil
@@ -658,10 +660,10 @@ var inlineOutputs = true
 // session's lock key, lazy), and the append statement is its bet form
 // (optimistic.go), which also locks the head row and probes the session's
 // own lock.
-func (b *batch) queueWrites(pb *pgx.Batch, bet []any) {
+func (b *batch) queueWrites(pb *pgx.Batch, lazy bool, bet []any) {
 	db := b.s.db
 	if !b.took {
-		b.inline, b.took = b.s.blobs.take(), true
+		b.inline, b.took = b.s.blobs.take(b.outs.sha, !lazy), true
 	}
 	r, o, n := &b.rows, &b.outs, len(b.rows.seq)
 	data, rest := b.outputData()
@@ -753,7 +755,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 				key = (*int64)(nil)
 			}
 			var bp pgx.Batch
-			b.queueWrites(&bp, []any{key, lazy})
+			b.queueWrites(&bp, lazy, []any{key, lazy})
 			return b.s.send(ctx, b, &bp, lazy)
 		}
 		if err := b.s.releasePipeline(ctx, false); err != nil {

@@ -26,7 +26,7 @@ const chunkSize = 1 << 20
 // changing it while runs are open is a data race.
 var MaxBlob int64 = 256 << 20
 
-// inlineMax is the size up to which a blob rides in the next batch's
+// inlineMax is the size up to which a blob rides in a batch's
 // transaction instead of one of its own: in the row of each output of the
 // batch that names it (queueWrites), else in blobs.
 const inlineMax = 64 << 10
@@ -47,13 +47,31 @@ type inlineBlob struct {
 	data []byte
 }
 
-// take hands the pending small blobs to a batch.
-func (b *blobStore) take() []inlineBlob {
+// take hands a batch the pending small blobs it carries: every one when
+// all (a synchronous batch: Put promises them to the session's next one),
+// else those that named, its outputs' sha256s, names (a lazy batch: with
+// 8 goroutines on one run, the batch of their begins that the committer
+// sends while their completes queue took those completes' bytes, which
+// then went to blobs and blob_chunks, two statements more, instead of
+// into the completes' rows: a third of the outputs).
+func (b *blobStore) take(named [][]byte, all bool) []inlineBlob {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p := b.pending
-	b.pending = nil
-	return p
+	if all {
+		p := b.pending
+		b.pending = nil
+		return p
+	}
+	var took, rest []inlineBlob
+	for _, p := range b.pending {
+		if slices.ContainsFunc(named, func(sum []byte) bool { return bytes.Equal(sum, p.sum) }) {
+			took = append(took, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	b.pending = rest
+	return took
 }
 
 // putBack returns the small blobs of a batch that did not commit.
@@ -159,9 +177,10 @@ func decodeSum(s string) ([]byte, error) {
 // Put stores r's bytes as the blob sum (hex) of size bytes. r must yield
 // exactly size bytes hashing to sum, or nothing is stored. Put is
 // idempotent. A blob of at most 64 KiB, put by a session, is written with
-// that session's next batch (the one that records the output, or an
-// earlier one), in its transaction: no round trip of its own, and never a
-// record without its bytes. A larger one goes in 1 MiB chunks in a
+// the first of that session's batches that either records an output of
+// those bytes or commits synchronously (the one that records the output,
+// or an earlier one), in its transaction: no round trip of its own, and
+// never a record without its bytes. A larger one goes in 1 MiB chunks in a
 // transaction of its own, committed with synchronous_commit off: the
 // record that names it commits synchronously after it, and WAL is flushed
 // in order, so the blob is durable when that record is (a departure from

@@ -21,6 +21,14 @@ import (
 // (locked) or as a bet. It Puts nothing: the test does.
 func commitOutputs(t *testing.T, s *store, from runstate.Position, session string, locked bool, outs ...[]runstate.Output) runstate.Position {
 	t.Helper()
+	return commitOutputsAs(t, s, from, session, locked, true, outs...)
+}
+
+// commitOutputsAs is commitOutputs whose batch commits synchronously
+// (sync: Sync) or as a batch of begins does (Unlock alone under the lock,
+// Confirm as a bet).
+func commitOutputsAs(t *testing.T, s *store, from runstate.Position, session string, locked, sync bool, outs ...[]runstate.Output) runstate.Position {
+	t.Helper()
 	ctx := context.Background()
 	var b runstate.Batch
 	if locked {
@@ -44,7 +52,12 @@ func commitOutputs(t *testing.T, s *store, from runstate.Position, session strin
 		pos = runstate.Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: pos.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
 	}
 	require.NoError(t, b.Append(recs, lines.Bytes(), pos))
-	require.NoError(t, b.Sync(ctx))
+	switch {
+	case sync:
+		require.NoError(t, b.Sync(ctx))
+	case !locked:
+		require.NoError(t, b.(runstate.OptimisticBatch).Confirm(ctx))
+	}
 	require.NoError(t, b.Unlock())
 	return pos
 }
@@ -106,4 +119,57 @@ func TestSmallOutputsRideInTheirRows(t *testing.T) {
 	}
 	_, err = s.Blobs().Get(ctx, hex.EncodeToString(sumOf([]byte("never stored"))))
 	require.ErrorIs(t, err, errNotExist)
+}
+
+// A batch that commits with synchronous_commit off (a batch of begins,
+// under the lock or as a bet) carries only the pending small blobs that
+// its own outputs name: the bytes of another record's output stay for
+// the batch that records it, which holds them in its row (with 8
+// goroutines on one run, the batch of begins took the bytes of the
+// completes queued behind it, and they went to blobs). A synchronous
+// batch still carries every pending one (Put's promise).
+func TestALazyBatchCarriesOnlyTheBlobsItsOutputsName(t *testing.T) {
+	ctx := context.Background()
+	for _, locked := range []bool{true, false} {
+		t.Run(fmt.Sprintf("locked=%v", locked), func(t *testing.T) {
+			db := newTestDB(t)
+			s, session, at := openBetting(t, db, "lazyblobs")
+			mine, later, stray := []byte("the lazy record's bytes\n"), []byte("a complete's bytes\n"), []byte("bytes no record names\n")
+			out := func(path string, data []byte) runstate.Output {
+				return runstate.Output{Path: path, SHA256: hex.EncodeToString(sumOf(data)), Size: int64(len(data))}
+			}
+			for _, data := range [][]byte{mine, later, stray} {
+				o := out("", data)
+				require.NoError(t, s.Blobs().Put(ctx, o.SHA256, o.Size, bytes.NewReader(data)))
+			}
+			at = commitOutputsAs(t, s, at, session, locked, false, nil, []runstate.Output{out("lazy/mine", mine)})
+			blobRows := func() [][]byte {
+				rows, err := db.pool.Query(ctx, db.sql(`SELECT sha256 FROM {s}.blobs ORDER BY sha256`))
+				require.NoError(t, err)
+				got, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+				require.NoError(t, err)
+				return got
+			}
+			require.Empty(t, blobRows(), "the lazy batch stored bytes none of its outputs names as blobs")
+			s.blobs.mu.Lock()
+			require.Len(t, s.blobs.pending, 2, "the bytes the lazy batch does not name stay pending")
+			s.blobs.mu.Unlock()
+
+			commitOutputsAs(t, s, at, session, locked, true, []runstate.Output{out("sync/later", later)})
+			rows, err := db.pool.Query(ctx, db.sql(`SELECT path, coalesce(data, '') FROM {s}.outputs ORDER BY path`))
+			require.NoError(t, err)
+			got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+				var path string
+				var data []byte
+				err := r.Scan(&path, &data)
+				return fmt.Sprintf("%s %q", path, data), err
+			})
+			require.NoError(t, err)
+			assert.Equal(t, []string{`lazy/mine "the lazy record's bytes\n"`, `sync/later "a complete's bytes\n"`}, got)
+			assert.Equal(t, [][]byte{sumOf(stray)}, blobRows(), "the synchronous batch stores the bytes no output names as a blob")
+			s.blobs.mu.Lock()
+			assert.Empty(t, s.blobs.pending)
+			s.blobs.mu.Unlock()
+		})
+	}
 }

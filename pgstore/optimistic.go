@@ -270,7 +270,7 @@ const betLazySQL = `SELECT set_config('synchronous_commit', 'off', true)`
 // or err.
 func (b *batch) betBatch(ctx context.Context, lazy bool) (*pgx.Batch, error) {
 	var pb pgx.Batch
-	b.queueWrites(&pb, []any{b.ses.key, lazy})
+	b.queueWrites(&pb, lazy, []any{b.ses.key, lazy})
 	if len(pb.QueuedQueries) == 0 {
 		return nil, nil // an optimistic batch with nothing to write: no transaction
 	}
