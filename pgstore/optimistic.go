@@ -19,12 +19,11 @@ import (
 // COMMIT (betBatch): the small blobs it carries that none of its outputs
 // holds in its row (a checkpoint's complete has none: its output's bytes
 // are in its row, and the complete is one statement with the projections
-// due), then ONE append statement (betForm), whose first CTE locks the head
-// row NOWAIT only if it is still at the bet's position and probes the
-// session's own lock under that row lock (the self-fence Lock probes)
-// before the records, their outputs and the head's compare-and-set, and
-// which sets synchronous_commit off for its transaction when the batch is
-// lazy; then the projections. In the extended protocol, the statements up
+// due), then ONE append statement (betForm), which locks the head row
+// NOWAIT, moves it only if it is still at the bet's position and probes
+// the session's own lock under that row lock (the self-fence Lock probes)
+// before the records and their outputs, and which sets synchronous_commit
+// off for its transaction when the batch is lazy; then the projections. In the extended protocol, the statements up
 // to the pipeline's Sync (pgx sends one, at the end of a Batch) are one
 // implicit transaction, committed at the Sync; a statement that fails
 // makes the server skip the rest and roll the transaction back there. A
@@ -187,65 +186,69 @@ func (b betBatch) Confirm(ctx context.Context) error {
 var _ runstate.Optimist = (*store)(nil)
 
 // The bet forms of the three append statements (appendOneSQL,
-// appendOneOutputSQL, appendSQL): the same statement with a first CTE, h,
-// that locks the head row only if it is still at the bet's position
-// ($P, $H), without waiting for another session's batch (NOWAIT: 55P03),
-// and then, above that row lock (an aggregate over the locked row),
-// probes the session's own lock ($K): takeable means the session is gone
-// (a NULL $K probes nothing: a batch of begins sent ahead, ahead.go). No
-// row (the head moved) divides by zero (22012); a takeable own lock
-// takes the square root of -1 (2201F). Both failing expressions depend on
-// the row and on a volatile function, so that the planner cannot fold
-// them into an error at plan time. Every write of the statement selects
-// FROM h, referencing both columns (so that neither is left unevaluated),
-// and the head's compare-and-set runs only after h (its EXISTS is a
-// one-time filter: an InitPlan on h), so that nothing is written, and no
-// row lock waited for, before the bet's lock and fence. The statement
-// ends with set_config('synchronous_commit', 'off', true) when $L (a
-// lazy batch): local to the transaction, which the pipeline's Sync
-// commits. (SET LOCAL would do too, the implicit transaction lasting to
-// the Sync, but as a statement more, with a warning: outside a
-// transaction block.) When not lazy, it sets synchronous_commit on for
-// its transaction where the connection's is off, as syncOnSQL does for a
-// locked batch.
+// appendOneOutputSQL, appendSQL): the same writes, led by the head's
+// compare-and-set, head, whose one-time filter (an InitPlan) first locks
+// the head row without waiting for another session's batch (NOWAIT:
+// 55P03); the UPDATE then moves the row only if it is still at the bet's
+// position ($P, $H), and its RETURNING, evaluated for the row it moved,
+// under that row lock, probes the session's own lock ($K): takeable means
+// the session is gone (a NULL $K probes nothing: a batch of begins sent
+// ahead, ahead.go). A takeable own lock takes the square root of -1
+// (2201F); no row moved (the head moved) makes the last SELECT divide by
+// zero (22012). Either fails the statement, and so its implicit
+// transaction: nothing of it is committed. The records and outputs select
+// FROM head, WHERE its fence is 1: they are inserted only after the
+// head's row lock, move and fence (a data-modifying CTE that another
+// reads runs first). The fence depends on the row and on a volatile
+// function, so that the planner cannot fold it into an error at plan
+// time. The statement ends with set_config('synchronous_commit', 'off',
+// true) when $L (a lazy batch): local to the transaction, which the
+// pipeline's Sync commits. (SET LOCAL would do too, the implicit
+// transaction lasting to the Sync, but as a statement more, with a
+// warning: outside a transaction block.) When not lazy, it sets
+// synchronous_commit on for its transaction where the connection's is
+// off, as syncOnSQL does for a locked batch.
+//
+// Until 2026-12-05 a first CTE locked the row and probed the lock (an
+// aggregate over the locked row), and the UPDATE ran after it: the same
+// row lock, fence and errors, and the same WAL, but a second scan of the
+// row and an aggregate more. The server's time for the statement fell by
+// about a quarter (pg_stat_statements, 800 sequential checkpoints: a
+// begin's 91 -> 69 µs, a complete's 138 -> 99 µs).
 var betForm = map[string]string{
-	appendOneSQL: betNumbered(betLock+`ins AS (
+	appendOneSQL: betNumbered(betHead+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1`+betHead,
-		"$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16"),
-	appendOneOutputSQL: betNumbered(betLock+`ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM h WHERE h.moved = 1 AND h.fence = 1
-), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
-  SELECT $1, $2, o.path, o.sum, o.size, `+outputDataSQL+` FROM h, (VALUES ($15::text, $16::bytea, $17::bigint, $18::bytea)) o(path, sum, size, data)
-  WHERE h.moved = 1 AND h.fence = 1`+betHead, "$P", "$13", "$H", "$14", "$K", "$19", "$L", "$20"),
-	appendSQL: betNumbered(betLock+`ins AS (
-  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
-  SELECT $1, u.* FROM h, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
-  WHERE h.moved = 1 AND h.fence = 1
-), outs AS (
-  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
-  SELECT $1, o.seq, o.path, o.sum, o.size, `+outputDataSQL+` FROM h, unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[], $22::bytea[]) o(seq, path, sum, size, data)
-  WHERE h.moved = 1 AND h.fence = 1
-), head AS (
-  UPDATE {s}.runs SET last_seq = $15, last_hash = $16, last_end = $17, last_len = $18, last_at = $19
-  WHERE id = $1 AND last_seq = $20 AND last_hash = $21 AND EXISTS (SELECT FROM h) RETURNING 1
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM head WHERE head.fence = 1
 )
-`+betEnd, "$P", "$20", "$H", "$21", "$K", "$23", "$L", "$24"),
+`+betEnd, "$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16", "$Q", "$2", "$W", "$4", "$E", "$11", "$N", "$12", "$T", "$10"),
+	appendOneOutputSQL: betNumbered(betHead+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM head WHERE head.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, $2, o.path, o.sum, o.size, `+outputDataSQL+` FROM head, (VALUES ($15::text, $16::bytea, $17::bigint, $18::bytea)) o(path, sum, size, data)
+  WHERE head.fence = 1
+)
+`+betEnd, "$P", "$13", "$H", "$14", "$K", "$19", "$L", "$20", "$Q", "$2", "$W", "$4", "$E", "$11", "$N", "$12", "$T", "$10"),
+	appendSQL: betNumbered(betHead+`ins AS (
+  INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
+  SELECT $1, u.* FROM head, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
+  WHERE head.fence = 1
+), outs AS (
+  INSERT INTO {s}.outputs (run_id, seq, path, sha256, size, data)
+  SELECT $1, o.seq, o.path, o.sum, o.size, `+outputDataSQL+` FROM head, unnest($11::bigint[], $12::text[], $13::bytea[], $14::bigint[], $22::bytea[]) o(seq, path, sum, size, data)
+  WHERE head.fence = 1
+)
+`+betEnd, "$P", "$20", "$H", "$21", "$K", "$23", "$L", "$24", "$Q", "$15", "$W", "$16", "$E", "$17", "$N", "$18", "$T", "$19"),
 }
 
 const (
-	betLock = `WITH h AS (
-  SELECT 1 / count(*)::int AS moved, sqrt(min(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END)) AS fence
-  FROM (SELECT FROM {s}.runs WHERE id = $1 AND last_seq = $P AND last_hash = $H FOR NO KEY UPDATE NOWAIT) l
+	betHead = `WITH head AS (
+  UPDATE {s}.runs SET last_seq = $Q, last_hash = $W, last_end = $E, last_len = $N, last_at = $T
+  WHERE id = $1 AND last_seq = $P AND last_hash = $H
+    AND ctid = (SELECT ctid FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT)
+  RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
 ), `
-	betHead = `
-), head AS (
-  UPDATE {s}.runs SET last_seq = $2, last_hash = $4, last_end = $11, last_len = $12, last_at = $10
-  WHERE id = $1 AND last_seq = $13 AND last_hash = $14 AND EXISTS (SELECT FROM h) RETURNING 1
-)
-` + betEnd
 	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true)
   WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', true) END`
 )
