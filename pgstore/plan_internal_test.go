@@ -79,3 +79,45 @@ func TestBatchesOfSeveralRecordsRunOnTheGenericPlan(t *testing.T) {
 		})
 	}
 }
+
+// Lock reads the tail with its statement's generic plan, an index scan
+// planned once per connection, not afresh at every Lock (lockSetupSQL,
+// tailSQL); and a locked batch of several records runs the array form on
+// its generic plan too. The tail it reads is still every record after
+// the position, in order.
+func TestLockReadsTheTailOnTheGenericPlan(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	a := db.Store("tailplans").(*store)
+	sa := newSessionID()
+	_, _, err := a.Open(ctx, sa)
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(true) })
+	b := db.Store("tailplans").(*store)
+	sb := newSessionID()
+	_, bt, err := b.Open(ctx, sb)
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close(true) })
+	var at runstate.Position
+	for k := range 12 { // the two sessions take turns: each Lock reads the other's records
+		at = appendLines(t, a, bt, sa, 1+k%3, true)
+		bt = appendLines(t, b, at, sb, 1+k%2, true)
+	}
+	require.Equal(t, bt.Seq, int64(len(checkChain(t, db, "tailplans"))))
+
+	var generic, custom int64
+	var arrays [2]int64
+	for _, c := range db.pool.AcquireAllIdle(ctx) {
+		var g, cu int64
+		require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
+			FROM pg_prepared_statements WHERE statement LIKE '%AND seq <= $3 ORDER BY seq'`).Scan(&g, &cu))
+		generic, custom = generic+g, custom+cu
+		g, cu = arrayPlans(ctx, t, c.Conn())
+		arrays[0], arrays[1] = arrays[0]+g, arrays[1]+cu
+		c.Release()
+	}
+	require.Positive(t, generic+custom, "no Lock read a tail through the pool")
+	require.Zero(t, custom, "Lock's tail read was planned afresh %d times (and ran %d times on its generic plan)", custom, generic)
+	require.Positive(t, arrays[0]+arrays[1], "no locked batch of several records")
+	require.Zero(t, arrays[1], "a locked batch's array form was planned afresh")
+}
