@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -131,6 +133,49 @@ func TestSplitSchema(t *testing.T) {
 		assert.Equal(t, c.rest, rest, c.in)
 		assert.Equal(t, c.schema, schema, c.in)
 	}
+}
+
+// A server older than PostgreSQL 12 (no generated columns, no
+// plan_cache_mode) is refused at Connect with its version and what to do,
+// instead of a syntax error from the schema's migration or a failure at
+// every batch; a version that cannot be read is let through.
+func TestConnectRefusesAServerOlderThan12(t *testing.T) {
+	for _, c := range []struct {
+		version string
+		refused bool
+	}{
+		{"15.18 (Debian 15.18-0+deb12u1)", false},
+		{"12.0", false},
+		{"18beta1", false},
+		{"11.22", true},
+		{"9.6.24", true},
+		{"10.23 (Ubuntu 10.23-1)", true},
+		{"", false},
+		{"CockroachDB CCL v23.1", false},
+	} {
+		err := checkServerVersion("127.0.0.1:5432", c.version)
+		if !c.refused {
+			assert.NoError(t, err, c.version)
+			continue
+		}
+		require.Error(t, err, c.version)
+		assert.Contains(t, err.Error(), "127.0.0.1:5432 runs PostgreSQL "+c.version)
+		assert.Contains(t, err.Error(), "needs PostgreSQL 12 or later")
+	}
+	// Connect checks it: a server that says it is 11.22 is refused (a
+	// fake one, which answers the startup and pgx's ping).
+	addr := fakeOldServer(t, "11.22")
+	_, err := Connect(context.Background(), "postgres://agent@"+addr+"/agents?sslmode=disable&connect_timeout=5")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "runs PostgreSQL 11.22; pgstore needs PostgreSQL 12 or later")
+
+	// The development and CI servers pass it.
+	db := newTestDB(t)
+	conn, err := db.pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer conn.Release()
+	require.NoError(t, checkServerVersion(db.where, conn.Conn().PgConn().ParameterStatus("server_version")))
+	require.NotEmpty(t, conn.Conn().PgConn().ParameterStatus("server_version"))
 }
 
 // A reader never creates the schema: a missing one is a clear error.
@@ -276,4 +321,53 @@ func TestHandoffWarnsOfAServerWithoutFsync(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fakeOldServer serves, on 127.0.0.1, the PostgreSQL protocol's startup
+// (no password, server_version version) and answers every simple query
+// with an empty result, until the test ends. It returns its address.
+func fakeOldServer(t *testing.T, version string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				be := pgproto3.NewBackend(c, c)
+				if _, err := be.ReceiveStartupMessage(); err != nil {
+					return
+				}
+				be.Send(&pgproto3.AuthenticationOk{})
+				be.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: version})
+				be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+				be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+				if be.Flush() != nil {
+					return
+				}
+				for {
+					msg, err := be.Receive()
+					if err != nil {
+						return
+					}
+					switch msg.(type) {
+					case *pgproto3.Query:
+						be.Send(&pgproto3.EmptyQueryResponse{})
+						be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+						if be.Flush() != nil {
+							return
+						}
+					case *pgproto3.Terminate:
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

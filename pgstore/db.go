@@ -58,9 +58,10 @@ const serverSQL = `SELECT current_setting('fsync') = 'off', EXISTS (SELECT FROM 
 // made by a newer pgstore or holds pgstore's tables without their
 // schema_version rows (emptied or dropped by hand: nothing is migrated
 // then), for a user who may not create the schema, with the GRANT to
-// run, and through a pooler that shares server sessions among clients
+// run, through a pooler that shares server sessions among clients
 // (pgbouncer pool_mode=transaction: see the package doc, Poolers), with
-// what to do.
+// what to do, and for a server older than PostgreSQL 12, naming its
+// version.
 func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
 
 // ConnectReadOnly is Connect for programs that only read runs (a status
@@ -209,6 +210,29 @@ func (db *DB) connectError(err error) error {
 	return fmt.Errorf("pgstore: cannot connect to %s: %w; check that the server runs and accepts connections there (host, port and sslmode in the DSN, listen_addresses, pg_hba.conf)", db.where, err)
 }
 
+// minServer is the oldest PostgreSQL major version pgstore runs on: its
+// schema has a generated column (12), and its batches set plan_cache_mode
+// (12).
+const minServer = 12
+
+// checkServerVersion refuses a server older than minServer, whose
+// server_version (as the server reports it at startup: "15.18 (Debian
+// 15.18-0+deb12u1)", "9.6.24") is version; where names the server. A
+// version it cannot read (a pooler or a fork that reports something else)
+// is let through: the schema's migration then says what fails.
+func checkServerVersion(where, version string) error {
+	end := strings.IndexFunc(version, func(r rune) bool { return r < '0' || r > '9' })
+	if end < 0 {
+		end = len(version)
+	}
+	major, err := strconv.Atoi(version[:end])
+	if err != nil || major >= minServer {
+		return nil
+	}
+	return fmt.Errorf("pgstore: %s runs PostgreSQL %s; pgstore needs PostgreSQL %d or later (generated columns, plan_cache_mode): upgrade the server, or keep runs in directories (runstate.Open)",
+		where, version, minServer)
+}
+
 // checkSessions makes sure that each of the pool's connections is a
 // server session of its own: a pooler in transaction or statement mode
 // (pgbouncer pool_mode=transaction) hands one server session to client
@@ -217,13 +241,17 @@ func (db *DB) connectError(err error) error {
 // once: a setting made on one for its session must not be seen on the
 // other. A pooler that hands the last server session used to the next
 // client (pgbouncer's default, server_round_robin=0) shows it every time.
-// The simple protocol, so that the check itself prepares nothing.
+// The simple protocol, so that the check itself prepares nothing. It
+// checks the server's version first (checkServerVersion).
 func (db *DB) checkSessions(ctx context.Context) error {
 	a, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return db.connectError(err)
 	}
 	defer a.Release()
+	if err := checkServerVersion(db.where, a.Conn().PgConn().ParameterStatus("server_version")); err != nil {
+		return err
+	}
 	b, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return db.connectError(err)
