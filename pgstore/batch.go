@@ -668,12 +668,12 @@ const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan
 var inlineOutputs = true
 
 // queueWrites queues what a batch's commit writes: the small blobs it
-// carries (every pending one, or when lazy, a batch committed with
+// carries (every pending one; when lazy, a batch committed with
 // synchronous_commit off, those its outputs name: take) that none of its
-// outputs holds in its row (outputData), before
-// the records (the outputs' foreign key to blobs), then the records,
-// their outputs (a small one with its bytes) and the head's
-// compare-and-set in one statement, and the projections due. bet is nil
+// outputs holds in its row (outputData), before the records (the outputs'
+// foreign key to blobs), then the records, their outputs (a small one
+// with its bytes) and the head's compare-and-set in one statement, and the
+// projections due. bet is nil
 // for a locked batch; for an optimistic one, the bet's parameters (the
 // session's lock key, lazy), and the append statement is its bet form
 // (optimistic.go), which also locks the head row and probes the session's

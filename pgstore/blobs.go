@@ -48,9 +48,9 @@ type inlineBlob struct {
 }
 
 // take hands a batch the pending small blobs it carries: every one when
-// all (a synchronous batch: Put promises them to the session's next one),
-// else those that named, its outputs' sha256s, names (a lazy batch: with
-// 8 goroutines on one run, the batch of their begins that the committer
+// all (a synchronous batch: Put promises them to it), else only those
+// whose sha256 is in named, the batch's outputs' (a lazy batch: with 8
+// goroutines on one run, the batch of their begins that the committer
 // sends while their completes queue took those completes' bytes, which
 // then went to blobs and blob_chunks, two statements more, instead of
 // into the completes' rows: a third of the outputs).

@@ -23,10 +23,11 @@ import (
 // NOWAIT, moves it only if it is still at the bet's position and probes
 // the session's own lock under that row lock (the self-fence Lock probes)
 // before the records and their outputs, and which sets synchronous_commit
-// off for its transaction when the batch is lazy; then the projections. In the extended protocol, the statements up
-// to the pipeline's Sync (pgx sends one, at the end of a Batch) are one
-// implicit transaction, committed at the Sync; a statement that fails
-// makes the server skip the rest and roll the transaction back there. A
+// off for its transaction when the batch is lazy; then the projections.
+// In the extended protocol, the statements up to the pipeline's Sync (pgx
+// sends one, at the end of a Batch) are one implicit transaction,
+// committed at the Sync; a statement that fails makes the server skip the
+// rest and roll the transaction back there. A
 // head that moved, a head row another session's batch holds, or a session
 // whose own lock was takeable, each fails the append statement (22012,
 // 55P03, 2201F) and so the transaction, with nothing written: Sync or
