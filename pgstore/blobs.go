@@ -41,7 +41,7 @@ type blobStore struct {
 	pending []inlineBlob // Put, not yet committed with a batch
 }
 
-// inlineBlob is a small blob waiting for the next batch's COMMIT.
+// inlineBlob is a small blob waiting for a batch that carries it (take).
 type inlineBlob struct {
 	sum  []byte
 	data []byte
