@@ -208,7 +208,8 @@ func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
 	return nil, false, err
 }
 
-// lockSetupSQL begins a locked batch's transaction: noTimeoutsSQL, and
+// lockSetupSQL begins a locked batch's transaction (Lock's, and the one
+// that re-runs a batch whose reply was lost: relock): noTimeoutsSQL, and
 // every statement of the transaction runs its prepared statement's
 // generic plan, planned once per connection (genericPlanSQL). Left to
 // itself the server planned the read of the tail afresh at every Lock (76
@@ -219,7 +220,7 @@ func (s *store) TryLock(from runstate.Position) (runstate.Batch, bool, error) {
 // the index scan a custom one is. The other statements of the transaction
 // (the head row by its key, the append statements, the projections by
 // their key) plan the same either way.
-const lockSetupSQL = noTimeoutsSQL + ", set_config('plan_cache_mode', 'force_generic_plan', true)"
+const lockSetupSQL = noTimeoutsSQL + ", " + genericPlanSet
 
 // tailSQL reads the records after $2 in order; $3 is math.MaxInt64 (a
 // closed range for the generic plan: lockSetupSQL).
@@ -660,7 +661,10 @@ const syncOnSQL = `SELECT set_config('synchronous_commit', 'on', true) WHERE cur
 // with the batch: the other statements on the connection keep the
 // server's choice. A bet queues it; a locked batch's transaction is
 // generic from its start (lockSetupSQL).
-const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+const genericPlanSQL = "SELECT " + genericPlanSet
+
+// genericPlanSet is the expression of genericPlanSQL and lockSetupSQL.
+const genericPlanSet = "set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 // inlineOutputs: a batch's small outputs ride in their outputs rows
 // (schema version 4; false: in blobs and blob_chunks, as every output did

@@ -12,16 +12,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// arrayPlans sums, over the connection's prepared statements that are the
-// array form of the append statement (appendSQL, locked or bet), how many
-// times the server used their generic plan and how many times it planned
-// them afresh (a custom plan).
-func arrayPlans(ctx context.Context, t *testing.T, conn *pgx.Conn) (generic, custom int64) {
+// plansOf sums, over the connection's prepared statements whose text is
+// LIKE pattern, how many times the server used their generic plan and how
+// many times it planned them afresh (a custom plan).
+func plansOf(ctx context.Context, t *testing.T, conn *pgx.Conn, pattern string) (generic, custom int64) {
 	t.Helper()
 	err := conn.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
-		FROM pg_prepared_statements WHERE statement LIKE '%unnest($2::bigint[]%'`).Scan(&generic, &custom)
+		FROM pg_prepared_statements WHERE statement LIKE $1`, pattern).Scan(&generic, &custom)
 	require.NoError(t, err)
 	return generic, custom
+}
+
+// arrayPlans is plansOf the array form of the append statement
+// (appendSQL, locked or bet).
+func arrayPlans(ctx context.Context, t *testing.T, conn *pgx.Conn) (generic, custom int64) {
+	t.Helper()
+	return plansOf(ctx, t, conn, "%unnest($2::bigint[]%")
 }
 
 // The array form of the append statement, which commits a batch of
@@ -108,9 +114,7 @@ func TestLockReadsTheTailOnTheGenericPlan(t *testing.T) {
 	var generic, custom int64
 	var arrays [2]int64
 	for _, c := range db.pool.AcquireAllIdle(ctx) {
-		var g, cu int64
-		require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
-			FROM pg_prepared_statements WHERE statement LIKE '%AND seq <= $3 ORDER BY seq'`).Scan(&g, &cu))
+		g, cu := plansOf(ctx, t, c.Conn(), "%AND seq <= $3 ORDER BY seq")
 		generic, custom = generic+g, custom+cu
 		g, cu = arrayPlans(ctx, t, c.Conn())
 		arrays[0], arrays[1] = arrays[0]+g, arrays[1]+cu

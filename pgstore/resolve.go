@@ -179,7 +179,7 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 	b.conn = conn
 	var pb pgx.Batch
 	pb.Queue(beginSQL)
-	pb.Queue(noTimeoutsSQL)
+	pb.Queue(lockSetupSQL) // its commit is commitBatch's, as after Lock
 	pb.Queue(b.s.db.sql(`SELECT last_seq, last_hash FROM {s}.runs WHERE id = $1 FOR UPDATE`), b.runID)
 	pb.Queue(`SELECT NOT pg_try_advisory_xact_lock_shared($1)`, b.ses.key)
 	for _, d := range b.dead {
@@ -199,7 +199,7 @@ func (b *batch) relock(ctx context.Context) (*pgxpool.Conn, error) {
 
 // recheck reads the answers of relock's round trip.
 func (b *batch) recheck(br pgx.BatchResults) error {
-	for range 2 { // BEGIN, noTimeoutsSQL
+	for range 2 { // BEGIN, lockSetupSQL
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
