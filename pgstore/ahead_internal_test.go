@@ -166,6 +166,49 @@ func TestBeginSentAheadThatDidNotLandStopsTheSession(t *testing.T) {
 	assert.Zero(t, n, "no record of the stages after the edit")
 }
 
+// A batch sent ahead waits for a head row that another transaction
+// holds for a moment (as a session taking its lock again, or the check of
+// a lost reply, does: resolve.go), and lands when it is let go: the begin
+// went ahead, the Do returns nil, and the Run goes on. A bet on the
+// pipeline that failed at once on the held row (NOWAIT, as until
+// 2026-12-06) made the Run read-only here, its caller already let go.
+func TestBatchSentAheadWaitsForAHeadRowHeldForAMoment(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	st, run := openAlone(t, db, "moment")
+	before := sentAhead(st)
+
+	conn, err := db.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, db.sql(`SELECT 1 FROM {s}.runs WHERE name = 'moment' FOR UPDATE`))
+	require.NoError(t, err)
+	const held = 300 * time.Millisecond
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(held)
+		_, _ = conn.Exec(context.Background(), "COMMIT")
+	}()
+	start := time.Now()
+	err = doOutput(ctx, run, "waited")
+	<-released
+	require.NoError(t, err, "the Do whose begin met the held row")
+	assert.GreaterOrEqual(t, time.Since(start), held-50*time.Millisecond, "its batches waited for the row")
+	assert.Equal(t, before+1, sentAhead(st), "its begin went ahead")
+	require.NoError(t, doOutput(ctx, run, "after"), "the Run goes on")
+	require.NoError(t, run.Close())
+	recs := ledger(t, db, "moment")
+	for _, stage := range []string{"waited", "after"} {
+		assert.Equal(t, []string{"begin 1", "complete 1"}, stageEvents(recs, stage), stage)
+	}
+	rep, err := db.Verify(ctx, "moment")
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "the ledger verifies: %+v", rep)
+}
+
 func init() { roles["aheadholder"] = aheadHolderRole }
 
 // aheadReport is what an aheadholder reports while its stage's work runs.

@@ -626,7 +626,7 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 // betBatch's.)
 func (b *batch) commitBatch(lazy bool) *pgx.Batch {
 	var pb pgx.Batch
-	b.queueWrites(&pb, lazy, nil)
+	b.queueWrites(&pb, lazy, nil, nil)
 	if lazy {
 		pb.Queue("SET LOCAL synchronous_commit = off")
 	} else {
@@ -679,10 +679,11 @@ var inlineOutputs = true
 // with its bytes) and the head's compare-and-set in one statement, and the
 // projections due. bet is nil
 // for a locked batch; for an optimistic one, the bet's parameters (the
-// session's lock key, lazy), and the append statement is its bet form
-// (optimistic.go), which also locks the head row and probes the session's
-// own lock.
-func (b *batch) queueWrites(pb *pgx.Batch, lazy bool, bet []any) {
+// session's lock key, lazy), and the append statement is its bet form in
+// form (optimistic.go: betForm, or aheadForm on the pipeline, unless blobs
+// are queued before it), which also locks the head row and probes the
+// session's own lock.
+func (b *batch) queueWrites(pb *pgx.Batch, lazy bool, bet []any, form map[string]string) {
 	db := b.s.db
 	if !b.took {
 		b.inline, b.took = b.s.blobs.take(b.outs.sha, !lazy), true
@@ -717,7 +718,14 @@ func (b *batch) queueWrites(pb *pgx.Batch, lazy bool, bet []any) {
 			pb.Queue(genericPlanSQL)
 		}
 		if bet != nil {
-			q, args = betForm[q], append(args, bet...)
+			if len(rest) > 0 {
+				// The blobs' inserts lock their keys first: a statement
+				// that then waited for the head row could deadlock with
+				// a locked batch holding the row and storing the same
+				// blob (aheadForm), so the bet takes the row NOWAIT.
+				form = betForm
+			}
+			q, args = form[q], append(args, bet...)
 		}
 		pb.Queue(db.sql(q), args...)
 	}
@@ -777,7 +785,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 				key = (*int64)(nil)
 			}
 			var bp pgx.Batch
-			b.queueWrites(&bp, lazy, []any{key, lazy})
+			b.queueWrites(&bp, lazy, []any{key, lazy}, aheadForm)
 			return b.s.send(ctx, b, &bp, lazy)
 		}
 		if err := b.s.releasePipeline(ctx, false); err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,6 +171,64 @@ func TestALazyBatchCarriesOnlyTheBlobsItsOutputsName(t *testing.T) {
 			s.blobs.mu.Lock()
 			assert.Empty(t, s.blobs.pending)
 			s.blobs.mu.Unlock()
+		})
+	}
+}
+
+// On the pipeline the append statement waits for the head row (aheadForm)
+// only where it is the first of its transaction to lock anything: a batch
+// whose small blobs go to blobs before it (their keys locked by their
+// inserts) takes the row NOWAIT (betForm), as a bet off the pipeline
+// does, since a wait there could deadlock with a locked batch holding the
+// row and storing the same blob.
+func TestAnAppendAfterBlobInsertsTakesTheHeadNowait(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	s, session, at := openBetting(t, db, "aheadform")
+	mine, stray := []byte("the record's bytes\n"), []byte("bytes no record names\n")
+	o := runstate.Output{Path: "out/mine", SHA256: hex.EncodeToString(sumOf(mine)), Size: int64(len(mine))}
+	for _, data := range [][]byte{mine, stray} {
+		require.NoError(t, s.Blobs().Put(ctx, hex.EncodeToString(sumOf(data)), int64(len(data)), bytes.NewReader(data)))
+	}
+	// appendAt is the append statement of pb and its place.
+	appendAt := func(pb *pgx.Batch) (string, int) {
+		for i, q := range pb.QueuedQueries {
+			if strings.HasPrefix(q.SQL, "WITH head AS") {
+				return q.SQL, i
+			}
+		}
+		t.Fatalf("no append statement in %d queued", len(pb.QueuedQueries))
+		return "", 0
+	}
+	for _, tc := range []struct {
+		name   string
+		sync   bool // a synchronous batch takes every pending blob: stray too
+		blobs  int  // statements queued before the append
+		nowait bool
+	}{
+		{"lazy: its own output's bytes in its row", false, 0, false},
+		{"sync: the stray blob stored first", true, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ob, ok := s.LockOptimistic(at)
+			require.True(t, ok)
+			defer ob.Abort()
+			rec := &runstate.Record{Seq: at.Seq + 1, At: ob.Now(), Ev: "note", Session: session, Outputs: []runstate.Output{o}}
+			line := fmt.Sprintf(`{"seq":%d,"at":%q,"ev":"note","session":%q,"note":"outputs","prev":%q}`, rec.Seq, rec.At.Format(time.RFC3339Nano), session, at.Hash)
+			to := runstate.Position{Seq: rec.Seq, Hash: lineHash([]byte(line)), End: at.End + int64(len(line)+1), LastLen: int64(len(line) + 1)}
+			require.NoError(t, ob.Append([]*runstate.Record{rec}, []byte(line+"\n"), to))
+			b := ob.(betBatch).batch
+			var pb pgx.Batch
+			b.queueWrites(&pb, !tc.sync, []any{b.ses.key, !tc.sync}, aheadForm)
+			defer s.blobs.putBack(b.inline)
+			q, place := appendAt(&pb)
+			assert.Equal(t, tc.blobs, place, "blob statements before the append")
+			assert.Equal(t, tc.nowait, strings.Contains(q, "NOWAIT"), "the append statement takes the head row NOWAIT")
+			want := aheadForm
+			if tc.nowait {
+				want = betForm
+			}
+			assert.Equal(t, db.sql(want[appendOneOutputSQL]), q)
 		})
 	}
 }

@@ -20,10 +20,11 @@ import (
 // holds in its row (a checkpoint's complete has none: its output's bytes
 // are in its row, and the complete is one statement with the projections
 // due), then ONE append statement (betForm), which locks the head row
-// NOWAIT, moves it only if it is still at the bet's position and probes
-// the session's own lock under that row lock (the self-fence Lock probes)
-// before the records and their outputs, and which sets synchronous_commit
-// off for its transaction when the batch is lazy; then the projections.
+// NOWAIT (on the pipeline, waiting: aheadForm), moves it only if it is
+// still at the bet's position and probes the session's own lock under
+// that row lock (the self-fence Lock probes) before the records and their
+// outputs, and which sets synchronous_commit off for its transaction when
+// the batch is lazy; then the projections.
 // In the extended protocol, the statements up to the pipeline's Sync (pgx
 // sends one, at the end of a Batch) are one implicit transaction,
 // committed at the Sync; a statement that fails makes the server skip the
@@ -216,13 +217,38 @@ var _ runstate.Optimist = (*store)(nil)
 // row and an aggregate more. The server's time for the statement fell by
 // about a quarter (pg_stat_statements, 800 sequential checkpoints: a
 // begin's 91 -> 69 µs, a complete's 138 -> 99 µs).
-var betForm = map[string]string{
-	appendOneSQL: betNumbered(betHead+`ins AS (
+var betForm = betForms(betHead)
+
+// aheadForm is betForm on the pipeline (ahead.go), where the session has
+// the run alone: the UPDATE takes the head's row lock itself, waiting for
+// it as any UPDATE does, instead of an InitPlan taking it NOWAIT first.
+// NOWAIT is for sessions that share the run, whose bets must not queue
+// behind another session's batch held through its WAL flush. A session
+// that has the run alone meets no such batch: only short transactions
+// that wait for nothing this session holds lock the row meanwhile (a
+// session taking its lock again, the check of a lost reply: resolve.go),
+// and a batch sent ahead that failed on one (55P03) made the Run
+// read-only, its callers already let go. The wait cannot close a
+// deadlock: the statement is the first of its transaction to lock
+// anything (a batch that stores blobs before it keeps betForm:
+// queueWrites), and no holder of the row waits for the run's lock, which
+// a session takes before the row (session.go). Without the InitPlan the
+// statement scans the row once and writes no lock record to the WAL: the
+// server's time for a begin fell from 85 to 61-67 µs and for a complete
+// from 112 to 90-93 µs (pg_stat_statements, 4,200 sequential checkpoints,
+// 2026-12-06).
+var aheadForm = betForms(aheadHead)
+
+// betForms makes the bet forms of the three append statements, led by
+// head (betHead or aheadHead).
+func betForms(head string) map[string]string {
+	return map[string]string{
+		appendOneSQL: betNumbered(head+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM head WHERE head.fence = 1
 )
 `+betEnd, "$P", "$13", "$H", "$14", "$K", "$15", "$L", "$16", "$Q", "$2", "$W", "$4", "$E", "$11", "$N", "$12", "$T", "$10"),
-	appendOneOutputSQL: betNumbered(betHead+`ins AS (
+		appendOneOutputSQL: betNumbered(head+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM head WHERE head.fence = 1
 ), outs AS (
@@ -231,7 +257,7 @@ var betForm = map[string]string{
   WHERE head.fence = 1
 )
 `+betEnd, "$P", "$13", "$H", "$14", "$K", "$19", "$L", "$20", "$Q", "$2", "$W", "$4", "$E", "$11", "$N", "$12", "$T", "$10"),
-	appendSQL: betNumbered(betHead+`ins AS (
+		appendSQL: betNumbered(head+`ins AS (
   INSERT INTO {s}.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at)
   SELECT $1, u.* FROM head, unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::int[], $8::text[], $9::uuid[], $10::timestamptz[]) u
   WHERE head.fence = 1
@@ -241,6 +267,7 @@ var betForm = map[string]string{
   WHERE head.fence = 1
 )
 `+betEnd, "$P", "$20", "$H", "$21", "$K", "$23", "$L", "$24", "$Q", "$15", "$W", "$16", "$E", "$17", "$N", "$18", "$T", "$19"),
+	}
 }
 
 const (
@@ -248,6 +275,11 @@ const (
   UPDATE {s}.runs SET last_seq = $Q, last_hash = $W, last_end = $E, last_len = $N, last_at = $T
   WHERE id = $1 AND last_seq = $P AND last_hash = $H
     AND ctid = (SELECT ctid FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT)
+  RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
+), `
+	aheadHead = `WITH head AS (
+  UPDATE {s}.runs SET last_seq = $Q, last_hash = $W, last_end = $E, last_len = $N, last_at = $T
+  WHERE id = $1 AND last_seq = $P AND last_hash = $H
   RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
 ), `
 	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true)
@@ -274,7 +306,7 @@ const betLazySQL = `SELECT set_config('synchronous_commit', 'off', true)`
 // or err.
 func (b *batch) betBatch(ctx context.Context, lazy bool) (*pgx.Batch, error) {
 	var pb pgx.Batch
-	b.queueWrites(&pb, lazy, []any{b.ses.key, lazy})
+	b.queueWrites(&pb, lazy, []any{b.ses.key, lazy}, betForm)
 	if len(pb.QueuedQueries) == 0 {
 		return nil, nil // an optimistic batch with nothing to write: no transaction
 	}
