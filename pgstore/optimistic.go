@@ -271,16 +271,16 @@ func betForms(head string) map[string]string {
 }
 
 const (
-	betHead = `WITH head AS (
+	// betHead and aheadHead differ only in the InitPlan that takes the
+	// head row NOWAIT (headWhere, headFence: their shared parts).
+	betHead = headWhere + `    AND ctid = (SELECT ctid FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT)
+` + headFence
+	aheadHead = headWhere + headFence
+	headWhere = `WITH head AS (
   UPDATE {s}.runs SET last_seq = $Q, last_hash = $W, last_end = $E, last_len = $N, last_at = $T
   WHERE id = $1 AND last_seq = $P AND last_hash = $H
-    AND ctid = (SELECT ctid FROM {s}.runs WHERE id = $1 FOR NO KEY UPDATE NOWAIT)
-  RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
-), `
-	aheadHead = `WITH head AS (
-  UPDATE {s}.runs SET last_seq = $Q, last_hash = $W, last_end = $E, last_len = $N, last_at = $T
-  WHERE id = $1 AND last_seq = $P AND last_hash = $H
-  RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
+`
+	headFence = `  RETURNING sqrt(CASE WHEN pg_try_advisory_xact_lock_shared($K) THEN -1 ELSE 1 END) AS fence
 ), `
 	betEnd = `SELECT 1 / (SELECT count(*)::int FROM head), CASE WHEN $L THEN set_config('synchronous_commit', 'off', true)
   WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', true) END`
