@@ -98,6 +98,20 @@ type ahead struct {
 	sent  []sentBatch // written, replies not read, in order
 	err   error       // sticky: a batch sent ahead did not land
 	count int         // batches sent ahead of their reply (tests)
+	// trace, when set (a benchmark: BenchmarkGoroutines), is called as a
+	// batch has been written and as an awaited batch's reply has been
+	// read, with a.mu held.
+	trace func(pipeEvent)
+}
+
+// pipeEvent is what ahead.trace is told: when a batch of records was
+// written to the pipeline (replied false) or its reply read (an awaited
+// batch: replied true), and whether it was sent ahead (lazy).
+type pipeEvent struct {
+	at      time.Time
+	lazy    bool
+	records int
+	replied bool
 }
 
 // sentBatch is a batch written to the pipeline: a copy of it (its records,
@@ -182,6 +196,9 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 	a.sent = append(a.sent, sentBatch{b: &sb, n: len(pb.QueuedQueries), ahead: lazy})
 	werr := a.pipe.Sync() // written: a failure leaves its outcome unknown, as a lost reply
 	n := len(b.rows.seq)
+	if a.trace != nil {
+		a.trace(pipeEvent{at: time.Now(), lazy: lazy, records: n})
+	}
 	if lazy {
 		a.count++
 		s.opt.committed(b.to, b.rows.at[n-1], true)
@@ -195,6 +212,9 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 			return a.err
 		}
 		return err
+	}
+	if a.trace != nil {
+		a.trace(pipeEvent{at: time.Now(), records: n, replied: true})
 	}
 	b.committed()
 	return nil

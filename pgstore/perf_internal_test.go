@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -27,8 +28,8 @@ import (
 //	cd pgstore && ./testdb.sh go test -run '^$' -bench . -benchtime 2000x .
 
 // median and p99 of a sample (sorted in place).
-func median(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-func p99(d []time.Duration) time.Duration    { slices.Sort(d); return d[len(d)*99/100] }
+func median[T cmp.Ordered](d []T) T       { slices.Sort(d); return d[len(d)/2] }
+func p99(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)*99/100] }
 
 // newRawInsert makes the baseline: each call is one INSERT transaction of
 // a ~300-byte row on a connection of its own, timed.
