@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/cpustat"
 )
 
 // goroutineRound is the checkpoints of one round of BenchmarkGoroutines in
@@ -187,4 +188,11 @@ func pipeCycle(events []pipeEvent) (awaited, gap []time.Duration, completes, beg
 		}
 	}
 	return awaited, gap, completes, begins
+}
+
+// cpuTimes is the CPU time used so far by the server's processes, when
+// the server runs on this machine (ok), and by this process.
+func cpuTimes() (server, client time.Duration, ok bool) {
+	server, ok = cpustat.Postgres()
+	return server, cpustat.Self(), ok
 }

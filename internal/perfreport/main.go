@@ -47,6 +47,7 @@ import (
 
 	"github.com/runstate/runstate"
 
+	"github.com/runstate/runstate/internal/cpustat"
 	"github.com/runstate/runstate/internal/floorio"
 )
 
@@ -193,7 +194,7 @@ func run(base string, rounds, n, records int, profile string) error {
 		for i := 0; i < n; i++ {
 			for k := 0; k < 5; k++ {
 				var err error
-				t, cpu := time.Now(), cpuTime()
+				t, cpu := time.Now(), cpustat.Self()
 				switch (i + k) % 5 {
 				case 4:
 					err = planOp()
@@ -212,7 +213,7 @@ func run(base string, rounds, n, records int, profile string) error {
 					d := time.Since(t)
 					dc = append(dc, us(d))
 					ckTotal += d
-					ckCPU += cpuTime() - cpu
+					ckCPU += cpustat.Self() - cpu
 				}
 				if err != nil {
 					return err
@@ -231,7 +232,7 @@ func run(base string, rounds, n, records int, profile string) error {
 		var wg sync.WaitGroup
 		var first error
 		var mu sync.Mutex
-		start, cpu := time.Now(), cpuTime()
+		start, cpu := time.Now(), cpustat.Self()
 		for g := 0; g < 8; g++ {
 			wg.Add(1)
 			go func() {
@@ -252,7 +253,7 @@ func run(base string, rounds, n, records int, profile string) error {
 		}
 		wg.Wait()
 		parThr = append(parThr, float64(n)/time.Since(start).Seconds())
-		parCPU = append(parCPU, us(cpuTime()-cpu)/float64(n))
+		parCPU = append(parCPU, us(cpustat.Self()-cpu)/float64(n))
 		return first
 	}
 	if profile != "" {

@@ -1,14 +1,15 @@
 //go:build unix
 
-package main
+package cpustat
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the CPU time (user and system) the process used so far.
-func cpuTime() time.Duration {
+// Self is the CPU time (user and system) this process used so far; 0
+// where it cannot be read.
+func Self() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
