@@ -18,7 +18,7 @@ import (
 
 // waitAlone waits until st's session has the run alone (its pinger tries
 // every pingEvery), at most d.
-func waitAlone(t *testing.T, st *store, d time.Duration) {
+func waitAlone(t testing.TB, st *store, d time.Duration) {
 	t.Helper()
 	_, ok := poll(d, 10*time.Millisecond, func() bool {
 		alone, _ := st.ses.aloneEpoch()
@@ -30,7 +30,7 @@ func waitAlone(t *testing.T, st *store, d time.Duration) {
 // openAlone opens name in db (openOptimist), waits until its session has
 // the run alone and confirms its head there (a Do whose bet is awaited):
 // its next batches of begins go ahead of their reply.
-func openAlone(t *testing.T, db *DB, name string) (*store, *runstate.Run) {
+func openAlone(t testing.TB, db *DB, name string) (*store, *runstate.Run) {
 	t.Helper()
 	ctx := context.Background()
 	run, st := openOptimist(t, db, name)

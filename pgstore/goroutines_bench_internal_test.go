@@ -44,21 +44,9 @@ const (
 func BenchmarkGoroutines(b *testing.B) {
 	db := newTestDB(b)
 	open := func(name string) (*runstate.Run, *store) {
-		st := db.Store(name).(*store)
-		r, err := runstate.OpenStore(st, b.TempDir(), &runstate.Options{Request: "goroutines"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { r.Close() })
 		// The pipeline is used once the session has the run alone and a
 		// batch sent after that was confirmed (ahead.go).
-		deadline := time.Now().Add(pingEvery + 10*time.Second)
-		for alone, _ := st.ses.aloneEpoch(); !alone; alone, _ = st.ses.aloneEpoch() {
-			if time.Now().After(deadline) {
-				b.Fatalf("run %s: the session did not have the run alone", name)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		st, r := openAlone(b, db, name)
 		for i := range 20 {
 			doStage(b, r, fmt.Sprintf("warm-%d", i))
 		}
@@ -91,8 +79,7 @@ func BenchmarkGoroutines(b *testing.B) {
 	var seqRate, parRate, ratio []float64
 	var awaited, gap []time.Duration
 	var completes, begins []int
-	var server, client, wall, seqCPU, seqWall time.Duration
-	cpuOK := true
+	var seqCPU, parCPU cpustat.Span
 	b.ResetTimer()
 	for done := 0; done < b.N; {
 		n := min(goroutineRound, b.N-done)
@@ -104,22 +91,18 @@ func BenchmarkGoroutines(b *testing.B) {
 		for _, par := range []bool{k%4 == 0, k%4 != 0} {
 			if !par {
 				b.StopTimer()
-				s0, c0, ok0 := cpuTimes()
+				start := cpustat.Now()
 				seqTime = round(seqRun, 1, n)
-				s1, c1, ok1 := cpuTimes()
-				cpuOK = cpuOK && ok0 && ok1
-				seqCPU, seqWall = seqCPU+s1-s0+c1-c0, seqWall+seqTime
+				seqCPU.Add(start, seqTime, n)
 				b.StartTimer()
 				continue
 			}
 			parSt.ahead.mu.Lock()
 			events = events[:0]
 			parSt.ahead.mu.Unlock()
-			s0, c0, ok0 := cpuTimes()
+			start := cpustat.Now()
 			parTime = round(parRun, goroutines, n)
-			s1, c1, ok1 := cpuTimes()
-			cpuOK = cpuOK && ok0 && ok1
-			server, client, wall = server+s1-s0, client+c1-c0, wall+parTime
+			parCPU.Add(start, parTime, n)
 			parSt.ahead.mu.Lock()
 			a, g, c, l := pipeCycle(events)
 			parSt.ahead.mu.Unlock()
@@ -144,24 +127,20 @@ func BenchmarkGoroutines(b *testing.B) {
 	if len(begins) > 0 {
 		b.ReportMetric(float64(median(begins)), "begins/batch")
 	}
-	if cpuOK && server > 0 {
-		cpus := float64(runtime.NumCPU())
-		b.ReportMetric(100*float64(server+client)/float64(wall)/cpus, "busy-%")
-		b.ReportMetric(100*float64(seqCPU)/float64(seqWall)/cpus, "seq-busy-%")
-		b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-µs/op")
-		b.ReportMetric(float64(client.Microseconds())/float64(b.N), "client-µs/op")
-		// The most 8 goroutines could do with every CPU busy at their CPU
-		// a checkpoint, over the sequential throughput.
-		b.ReportMetric(cpus*float64(seqWall)/float64(server+client), "ceiling")
+	if seqCPU.OK() && parCPU.OK() {
+		cpus := runtime.NumCPU()
+		server, client := parCPU.PerOp()
+		b.ReportMetric(parCPU.Busy(cpus), "busy-%")
+		b.ReportMetric(seqCPU.Busy(cpus), "seq-busy-%")
+		b.ReportMetric(float64(server.Microseconds()), "server-µs/op")
+		b.ReportMetric(float64(client.Microseconds()), "client-µs/op")
+		b.ReportMetric(cpustat.Ceiling(seqCPU, parCPU, cpus), "ceiling")
 	}
 }
 
-// doStage runs one checkpoint: a Do of stage name writing one small output.
+// doStage runs one checkpoint (doOutput) and fails b on its error.
 func doStage(b *testing.B, r *runstate.Run, name string) {
-	err := r.Do(context.Background(), name, func(ctx context.Context, st *runstate.Stage) error {
-		return st.WriteFile("out/"+name+".txt", []byte("result of "+name+"\n"))
-	})
-	if err != nil {
+	if err := doOutput(context.Background(), r, name); err != nil {
 		b.Error(err)
 	}
 }
@@ -188,11 +167,4 @@ func pipeCycle(events []pipeEvent) (awaited, gap []time.Duration, completes, beg
 		}
 	}
 	return awaited, gap, completes, begins
-}
-
-// cpuTimes is the CPU time used so far by the server's processes, when
-// the server runs on this machine (ok), and by this process.
-func cpuTimes() (server, client time.Duration, ok bool) {
-	server, ok = cpustat.Postgres()
-	return server, cpustat.Self(), ok
 }

@@ -21,7 +21,7 @@ import (
 
 // openOptimist opens a session on run in a work dir of its own and
 // returns its store too, whose bets it counts.
-func openOptimist(t *testing.T, db *DB, run string) (*runstate.Run, *store) {
+func openOptimist(t testing.TB, db *DB, run string) (*runstate.Run, *store) {
 	t.Helper()
 	s := db.Store(run).(*store)
 	r, err := runstate.OpenStore(s, t.TempDir(), &runstate.Options{Request: "optimistic"})

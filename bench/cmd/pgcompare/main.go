@@ -212,33 +212,8 @@ type entry struct {
 	// its own run (the same for contenders without runs)
 	oneRun, ownRuns series
 	// seqCPU, concCPU: the CPU (the server's and this process's) of the
-	// measured sequential and concurrent rounds (cpuSpan)
-	seqCPU, concCPU cpuSpan
-}
-
-// cpuSpan adds up the CPU time used in measured rounds: the server's
-// processes' (when it runs on this machine: ok) and this process's, and
-// the rounds' wall time and checkpoints.
-type cpuSpan struct {
-	server, client, wall time.Duration
-	ops                  int
-	ok                   bool
-}
-
-// cpuNow is the CPU used so far: the server's processes' and this one's.
-func cpuNow() (server, client time.Duration, ok bool) {
-	server, ok = cpustat.Postgres()
-	return server, cpustat.Self(), ok
-}
-
-// add adds a round that started at CPU (s0, c0, ok0).
-func (c *cpuSpan) add(s0, c0 time.Duration, ok0 bool, wall time.Duration, ops int) {
-	s1, c1, ok1 := cpuNow()
-	if c.ops == 0 {
-		c.ok = true
-	}
-	c.ok = c.ok && ok0 && ok1
-	c.server, c.client, c.wall, c.ops = c.server+s1-s0, c.client+c1-c0, c.wall+wall, c.ops+ops
+	// measured sequential and concurrent rounds
+	seqCPU, concCPU cpustat.Span
 }
 
 type bench struct {
@@ -313,7 +288,7 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 			begin := make([]time.Duration, n)
 			complete := make([]time.Duration, n)
 			parts := false
-			s0, c0, ok0 := cpuNow()
+			cpu := cpustat.Now()
 			t0 := time.Now()
 			if s, ok := e.c.(splitter); ok {
 				parts, err = s.CheckpointParts(ctx, b.take(n), n, lat, begin, complete)
@@ -325,7 +300,7 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 			}
 			if measured {
 				wall := time.Since(t0)
-				e.seqCPU.add(s0, c0, ok0, wall, n)
+				e.seqCPU.Add(cpu, wall, n)
 				e.seq.add(lat, wall)
 				if parts {
 					work := make([]time.Duration, n)
@@ -339,13 +314,13 @@ func (b *bench) run(ctx context.Context, chosen []contenderInfo) (err error) {
 			}
 		}
 		for _, e := range order {
-			s0, c0, ok0 := cpuNow()
+			cpu := cpustat.Now()
 			lat, wall, err := b.concurrent(ctx, e, n)
 			if err != nil {
 				return fmt.Errorf("%s: %d goroutines: %w", e.info.name, b.goroutines, err)
 			}
 			if measured {
-				e.concCPU.add(s0, c0, ok0, wall, len(lat))
+				e.concCPU.Add(cpu, wall, len(lat))
 				e.conc.add(lat, wall)
 			}
 		}
@@ -676,15 +651,12 @@ func (b *bench) report(entries []*entry, took time.Duration) {
 	}
 	r = kit.MedianF(divide(pg.conc.tput, pg.seq.tput))
 	fmt.Printf("pgstore %s on one run %.2f × sequential throughput (target ≥ 3: %s)\n", g, r, kit.Verdict(r >= 3))
-	if c, sq := pg.concCPU, pg.seqCPU; c.ok && sq.ok && c.ops > 0 && sq.ops > 0 {
-		// The most the concurrent mode could do with every CPU busy at
-		// the CPU a checkpoint took in it, over the sequential throughput.
-		cpus := float64(runtime.NumCPU())
-		per := func(d time.Duration, ops int) float64 { return kit.US(d) / float64(ops) }
-		busy := func(s cpuSpan) float64 { return 100 * float64(s.server+s.client) / float64(s.wall) / cpus }
-		ceiling := cpus / (per(c.server+c.client, c.ops) / 1e6) / (float64(sq.ops) / sq.wall.Seconds())
+	if c, sq := pg.concCPU, pg.seqCPU; c.OK() && sq.OK() {
+		cpus := runtime.NumCPU()
+		ss, sc := sq.PerOp()
+		cs, cc := c.PerOp()
 		fmt.Printf("(its CPU a checkpoint, the server's processes + this one's: sequential %.0f + %.0f µs, %.0f%% of the %d CPUs busy; %s %.0f + %.0f µs, %.0f%% busy: with every CPU busy at that CPU a checkpoint, %s could reach %.2f × sequential)\n",
-			per(sq.server, sq.ops), per(sq.client, sq.ops), busy(sq), runtime.NumCPU(), g, per(c.server, c.ops), per(c.client, c.ops), busy(c), g, ceiling)
+			kit.US(ss), kit.US(sc), sq.Busy(cpus), cpus, g, kit.US(cs), kit.US(cc), c.Busy(cpus), g, cpustat.Ceiling(sq, c, cpus))
 	}
 }
 
