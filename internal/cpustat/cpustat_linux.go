@@ -2,7 +2,6 @@ package cpustat
 
 import (
 	"os"
-	"path/filepath"
 	"time"
 )
 
@@ -13,9 +12,20 @@ import (
 // connections stay open between them). ok is false when no such process
 // was found (the server runs elsewhere, or /proc is not readable).
 func Postgres() (cpu time.Duration, ok bool) {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, p := range stats {
-		b, err := os.ReadFile(p)
+	// Not filepath.Glob("/proc/[0-9]*/stat"): it lists every process's
+	// directory to find its stat: 9 ms of CPU with 74 processes here, against
+	// 2.6 ms this way.
+	f, err := os.Open("/proc")
+	if err != nil {
+		return 0, false
+	}
+	names, _ := f.Readdirnames(-1)
+	f.Close()
+	for _, pid := range names {
+		if pid == "" || pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
 		if err != nil {
 			continue // ended meanwhile
 		}

@@ -32,6 +32,14 @@ func TestSpanFigures(t *testing.T) {
 	if short.OK() {
 		t.Errorf("a span of %v, under a few ticks, is OK", short.Wall)
 	}
+	// This process's CPU runs from start's reading of the server's to
+	// end's: the 8 ms each reading took is left out.
+	var r Span
+	r.add(Sample{Client: 10 * time.Millisecond, after: 18 * time.Millisecond, ok: true},
+		Sample{Client: 30 * time.Millisecond, after: 38 * time.Millisecond, ok: true}, time.Second, 1)
+	if r.Client != 12*time.Millisecond {
+		t.Errorf("Client = %v; want 12ms, without the readings of /proc", r.Client)
+	}
 	s.Add(Sample{}, time.Millisecond, 1) // a start without the server's CPU
 	if s.OK() {
 		t.Error("a span with a round that did not measure the server is OK")
