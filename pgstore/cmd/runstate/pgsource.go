@@ -78,17 +78,57 @@ func splitRun(addr string) (dsn, run string, err error) {
 	return base, run, nil
 }
 
-// redact removes the password from a URL.
+// redact hides the passwords in a postgres:// address, for messages:
+// the userinfo's, what follows the user name's ':' (the userinfo ends at
+// an '@' that comes before any '/', as pgx reads it), and the values of
+// the password and sslpassword parameters. An unescaped '@', '/' or '?'
+// in a password moves part of it out of that userinfo, so an '@' left
+// after it hides everything up to the last one; and where no userinfo was
+// found, everything from a ':' before the first '/' to the last '@' is
+// hidden. That hides more than the password at times (the host and
+// database, when a parameter's value has an '@'), never less.
 func redact(addr string) string {
-	u, err := url.Parse(addr)
-	if err != nil || u.User == nil {
+	const mask = "xxxxx"
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if !ok {
 		return addr
 	}
-	if _, has := u.User.Password(); !has {
-		return addr
+	head := scheme + "://"
+	userinfo, masked := false, false
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		user, _, has := strings.Cut(rest[:i], ":")
+		userinfo, masked = true, has
+		if has {
+			user += ":" + mask
+		}
+		head += user + "@"
+		rest = rest[i+1:]
 	}
-	u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	return u.String()
+	if base, query, ok := strings.Cut(rest, "?"); ok {
+		kvs := strings.Split(query, "&")
+		for i, kv := range kvs {
+			k, _, hasValue := strings.Cut(kv, "=")
+			key, err := url.QueryUnescape(k)
+			if err != nil {
+				key = k
+			}
+			if hasValue && (strings.EqualFold(key, "password") || strings.EqualFold(key, "sslpassword")) {
+				kvs[i] = k + "=" + mask
+			}
+		}
+		rest = base + "?" + strings.Join(kvs, "&")
+	}
+	at := strings.LastIndexByte(rest, '@')
+	switch c, slash := strings.IndexByte(rest, ':'), strings.IndexByte(rest, '/'); {
+	case at < 0:
+	case masked:
+		rest = rest[at+1:] // the rest of a password with an '@' in it
+	case !userinfo && c >= 0 && c < at && (slash < 0 || c < slash):
+		// A password that a '/' cut from its userinfo (or a port followed
+		// by an '@' in a parameter's value: hidden too).
+		rest = rest[:c+1] + mask + rest[at:]
+	}
+	return head + rest
 }
 
 func (s *pgSource) Name() string { return s.addr }
