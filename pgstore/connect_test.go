@@ -133,6 +133,8 @@ func TestSplitSchema(t *testing.T) {
 		assert.Equal(t, c.rest, rest, c.in)
 		assert.Equal(t, c.schema, schema, c.in)
 	}
+	_, _, err := splitSchema("postgres://u@h/db?schema=a&sslmode=disable&schema=b")
+	assert.ErrorContains(t, err, "the DSN names two schemas: give schema=NAME once")
 }
 
 // A server older than PostgreSQL 12 (no generated columns, no

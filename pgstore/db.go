@@ -153,9 +153,14 @@ func splitSchema(dsn string) (rest, schema string, err error) {
 		return dsn, "", nil
 	}
 	var keep []string
+	found := false
 	for _, kv := range strings.Split(query, "&") {
 		k, v, _ := strings.Cut(kv, "=")
 		if k == "schema" {
+			if found {
+				return "", "", errors.New("pgstore: the DSN names two schemas: give schema=NAME once")
+			}
+			found = true
 			if schema, err = url.QueryUnescape(v); err != nil {
 				return "", "", fmt.Errorf("pgstore: the DSN's schema parameter: %w", err)
 			}

@@ -422,6 +422,8 @@ func TestSplitRun(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "postgres://u@h/db", dsn)
 	assert.Equal(t, "b", run)
+	_, _, err = splitRun("postgres://u@h/db?run=a&sslmode=disable&run=b")
+	assert.ErrorContains(t, err, "names two runs: give run=NAME once")
 	_, _, err = splitRun("postgres://u:pw@h/db?run=")
 	assert.ErrorContains(t, err, "postgres://u:xxxxx@h/db?run= names no run: add ?run=NAME")
 }

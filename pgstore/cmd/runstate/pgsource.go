@@ -60,6 +60,9 @@ func splitRun(addr string) (dsn, run string, err error) {
 			}
 			continue
 		}
+		if found {
+			return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", redact(addr))
+		}
 		if run, err = url.QueryUnescape(v); err != nil {
 			return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", redact(addr), err)
 		}
