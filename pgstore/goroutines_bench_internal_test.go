@@ -32,7 +32,9 @@ const (
 // and gap-µs, from that reply to the next awaited batch's write (the
 // client's: the released goroutines' begins, their work, their
 // completes); completes/batch and begins/batch are the records an awaited
-// batch and a batch sent ahead carried (medians over every batch). On
+// batch and a batch sent ahead carried (medians over every batch);
+// seq-awaited-µs is awaited-µs of the sequential rounds, one complete a
+// batch (the rest of a sequential checkpoint's time is the client's). On
 // Linux with the server on this machine, busy-% is the share of the
 // machine's CPUs that the server's processes and this one used in the
 // 8-goroutine rounds (seq-busy-%: in the sequential ones), server-µs/op
@@ -52,12 +54,17 @@ func BenchmarkGoroutines(b *testing.B) {
 		}
 		return r, st
 	}
-	seqRun, _ := open("seq")
+	seqRun, seqSt := open("seq")
 	parRun, parSt := open("par")
-	var events []pipeEvent
-	parSt.ahead.mu.Lock()
-	parSt.ahead.trace = func(e pipeEvent) { events = append(events, e) } // under a.mu
-	parSt.ahead.mu.Unlock()
+	var events, seqEvents []pipeEvent
+	for _, t := range []struct {
+		st *store
+		to *[]pipeEvent
+	}{{seqSt, &seqEvents}, {parSt, &events}} {
+		t.st.ahead.mu.Lock()
+		t.st.ahead.trace = func(e pipeEvent) { *t.to = append(*t.to, e) } // under a.mu
+		t.st.ahead.mu.Unlock()
+	}
 
 	k := 0
 	round := func(r *runstate.Run, g, n int) time.Duration {
@@ -77,7 +84,7 @@ func BenchmarkGoroutines(b *testing.B) {
 		return time.Since(start)
 	}
 	var seqRate, parRate, ratio []float64
-	var awaited, gap []time.Duration
+	var awaited, gap, seqAwaited []time.Duration
 	var completes, begins []int
 	var seqCPU, parCPU cpustat.Span
 	b.ResetTimer()
@@ -91,9 +98,16 @@ func BenchmarkGoroutines(b *testing.B) {
 		for _, par := range []bool{k%4 == 0, k%4 != 0} {
 			if !par {
 				b.StopTimer()
+				seqSt.ahead.mu.Lock()
+				seqEvents = seqEvents[:0]
+				seqSt.ahead.mu.Unlock()
 				start := cpustat.Now()
 				seqTime = round(seqRun, 1, n)
 				seqCPU.Add(start, seqTime, n)
+				seqSt.ahead.mu.Lock()
+				a, _, _, _ := pipeCycle(seqEvents)
+				seqSt.ahead.mu.Unlock()
+				seqAwaited = append(seqAwaited, a...)
 				b.StartTimer()
 				continue
 			}
@@ -120,6 +134,9 @@ func BenchmarkGoroutines(b *testing.B) {
 	if len(awaited) > 0 {
 		b.ReportMetric(float64(median(awaited).Microseconds()), "awaited-µs")
 		b.ReportMetric(float64(median(completes)), "completes/batch")
+	}
+	if len(seqAwaited) > 0 {
+		b.ReportMetric(float64(median(seqAwaited).Microseconds()), "seq-awaited-µs")
 	}
 	if len(gap) > 0 {
 		b.ReportMetric(float64(median(gap).Microseconds()), "gap-µs")
