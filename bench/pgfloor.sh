@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# pgfloor.sh: the server's floor under a pgstore checkpoint, as a multiple
+# of one raw INSERT transaction (synchronous_commit on), with no client
+# work at all: pgbench (one client, prepared statements) runs, in
+# alternating rounds,
+#   raw     one INSERT of a 300-byte row into a table with a bigserial key;
+#   two-tx  a checkpoint's two statements as a session alone on its run
+#           sends them (ahead.go), pipelined in one round trip: the begin's
+#           bet in a transaction committed with synchronous_commit off,
+#           then the complete's bet with its small output's bytes inline,
+#           committed with a WAL flush;
+#   one-tx  the same two statements in one flushed transaction (what a
+#           checkpoint would cost if its begin did not have to be in the
+#           database before the stage's work: it does, see ahead.go).
+# The tables are pgstore's own: its migrations (../pgstore/migrations),
+# applied to a scratch schema that the script drops at the end. The bets
+# are batch.go's statements in the form a session alone on its run uses
+# (the head row's compare-and-set as an UPDATE, the advisory self-fence,
+# the record's row with its two partial unique indexes), with literals in
+# place of parameters.
+#
+#   bench/pgfloor.sh [DSN]        (default: $RUNSTATE_PG_DSN)
+#   ROUNDS=6 SECS=4 bench/pgfloor.sh
+#
+# It prints each round's mean latencies (pgbench's "latency average") and
+# their ratios to raw, then the medians of the ratios.
+set -euo pipefail
+
+dsn=${1:-${RUNSTATE_PG_DSN:-}}
+if [[ -z $dsn ]]; then
+	echo "pgfloor.sh: give a DSN (postgres://USER@HOST:PORT/DB) or set RUNSTATE_PG_DSN" >&2
+	exit 2
+fi
+rounds=${ROUNDS:-6}
+secs=${SECS:-4}
+# tool NAME: the server's binaries first (RUNSTATE_PG_BIN, as
+# ../pgstore/testdb.sh sets it), then PATH, then Debian's directories.
+tool() {
+	if [[ -n ${RUNSTATE_PG_BIN:-} && -x $RUNSTATE_PG_BIN/$1 ]]; then
+		echo "$RUNSTATE_PG_BIN/$1"
+	elif command -v "$1"; then
+		:
+	else
+		ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -1
+	fi
+}
+pgbench=$(tool pgbench)
+psql=$(tool psql)
+if [[ -z $pgbench || -z $psql ]]; then
+	echo "pgfloor.sh: no pgbench or psql (Debian: apt-get install postgresql)" >&2
+	exit 2
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+schema=pgfloor_$$
+tmp=$(mktemp -d)
+cleanup() {
+	"$psql" "$dsn" -qX -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+{
+	echo "CREATE SCHEMA $schema;"
+	for m in "$here"/../pgstore/migrations/*.sql; do
+		sed "s/{s}/$schema/g" "$m"
+	done
+	echo "INSERT INTO $schema.runs (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'floor');"
+	echo "CREATE TABLE $schema.raw (id bigserial PRIMARY KEY, line bytea NOT NULL);"
+} | "$psql" "$dsn" -qX -v ON_ERROR_STOP=1 >/dev/null
+
+run="'00000000-0000-0000-0000-000000000001'"
+session="'00000000-0000-0000-0000-000000000002'"
+# head: the compare-and-set of the run's head row and the session's
+# self-fence (pg_try_advisory_xact_lock_shared of a key nobody holds
+# exclusive: the fence passes).
+head="WITH head AS (UPDATE $schema.runs SET last_seq = last_seq + 1, last_hash = sha256('\\x02'), last_end = last_end + 300, last_len = 300, last_at = now() WHERE id = $run RETURNING last_seq, sqrt(CASE WHEN pg_try_advisory_xact_lock_shared(4242) THEN 1 ELSE -1 END) AS fence)"
+record() { # ev, line length
+	echo "ins AS (INSERT INTO $schema.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at) SELECT $run, head.last_seq, convert_to(repeat('x', $2), 'UTF8'), sha256(convert_to(repeat('x', $2), 'UTF8')), '$1', 's-' || :n, 1, NULL, $session, now() FROM head WHERE head.fence = 1)"
+}
+out="convert_to('result of s-' || :n || E'\\n', 'UTF8')"
+begin="$head, $(record begin 250) SELECT 1 / (SELECT count(*)::int FROM head);"
+complete="$head, $(record complete 330), outs AS (INSERT INTO $schema.outputs (run_id, seq, path, sha256, size, data) SELECT $run, head.last_seq, 'out/s-' || :n || '.txt', sha256($out), length($out), $out FROM head WHERE head.fence = 1) SELECT 1 / (SELECT count(*)::int FROM head);"
+
+echo "INSERT INTO $schema.raw (line) VALUES (convert_to(repeat('x', 300), 'UTF8'));" >"$tmp/raw.sql"
+printf '%s\n' '\set n random(1, 9000000000000000000)' '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$begin" 'COMMIT;' "$complete" '\endpipeline' >"$tmp/two-tx.sql"
+printf '%s\n' '\set n random(1, 9000000000000000000)' '\startpipeline' 'BEGIN;' "$begin" "$complete" 'COMMIT;' '\endpipeline' >"$tmp/one-tx.sql"
+
+latency() { # script: mean latency in µs
+	local us
+	us=$("$pgbench" -n -M prepared -c 1 -T "$secs" -f "$tmp/$1.sql" "$dsn" 2>"$tmp/err" | awk '/latency average/ { printf "%d", $4 * 1000 }') || true
+	if [[ -z $us ]] || grep -q -i error "$tmp/err"; then
+		echo "pgfloor.sh: pgbench failed on $1:" >&2
+		cat "$tmp/err" >&2
+		exit 1
+	fi
+	echo "$us"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "pgbench $("$pgbench" --version | awk '{print $3}'), server $("$psql" "$dsn" -qXAtc 'SHOW server_version'), $rounds rounds of ${secs} s each, $(date -u '+%Y-%m-%d %H:%M UTC')"
+: >"$tmp/two" && : >"$tmp/one"
+for ((i = 1; i <= rounds; i++)); do
+	r=$(latency raw)
+	t=$(latency two-tx)
+	o=$(latency one-tx)
+	rt=$(awk -v a="$t" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
+	ro=$(awk -v a="$o" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
+	echo "$rt" >>"$tmp/two" && echo "$ro" >>"$tmp/one"
+	echo "round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw)"
+done
+# Every statement must have written its rows (a fence or a compare-and-set
+# that failed quietly would have measured less work).
+counts=$("$psql" "$dsn" -qXAt -F ' ' -c "SELECT (SELECT count(*) FROM $schema.records WHERE ev = 'begin'), (SELECT count(*) FROM $schema.records WHERE ev = 'complete'), (SELECT count(*) FROM $schema.outputs), (SELECT last_seq FROM $schema.runs)")
+read -r begins completes outputs last <<<"$counts"
+if ((begins == 0 || begins != completes || completes != outputs || last != begins + completes)); then
+	echo "pgfloor.sh: the statements did not write what they should: $begins begins, $completes completes, $outputs outputs, head at $last" >&2
+	exit 1
+fi
+echo "median: two-tx $(median <"$tmp/two") x raw, one-tx $(median <"$tmp/one") x raw"
