@@ -11,7 +11,12 @@
 #           committed with a WAL flush;
 #   one-tx  the same two statements in one flushed transaction (what a
 #           checkpoint would cost if its begin did not have to be in the
-#           database before the stage's work: it does, see ahead.go).
+#           database before the stage's work: it does, see ahead.go);
+#   batch-K two-tx with K begins in the first transaction and their K
+#           completes in the second (BATCH, default 6: the completes a
+#           batch carries with 8 goroutines, BenchmarkGoroutines), timed
+#           against two-tx as throughput: the most 8g/seq could be if the
+#           client cost nothing.
 # The tables are pgstore's own: its migrations (../pgstore/migrations),
 # applied to a scratch schema that the script drops at the end. The bets
 # are batch.go's statements in the form a session alone on its run uses
@@ -20,10 +25,10 @@
 # place of parameters.
 #
 #   bench/pgfloor.sh [DSN]        (default: $RUNSTATE_PG_DSN)
-#   ROUNDS=6 SECS=4 bench/pgfloor.sh
+#   ROUNDS=6 SECS=4 BATCH=6 bench/pgfloor.sh
 #
 # It prints each round's mean latencies (pgbench's "latency average") and
-# their ratios to raw, then the medians of the ratios.
+# their ratios, then the medians of the ratios.
 set -euo pipefail
 
 dsn=${1:-${RUNSTATE_PG_DSN:-}}
@@ -33,6 +38,11 @@ if [[ -z $dsn ]]; then
 fi
 rounds=${ROUNDS:-6}
 secs=${SECS:-4}
+batch=${BATCH:-6}
+if ! [[ $batch =~ ^[0-9]+$ ]] || ((batch < 2)); then
+	echo "pgfloor.sh: BATCH is the records of a batch, 2 or more" >&2
+	exit 2
+fi
 # tool NAME: the server's binaries first (RUNSTATE_PG_BIN, as
 # ../pgstore/testdb.sh sets it), then PATH, then Debian's directories.
 tool() {
@@ -70,20 +80,35 @@ trap cleanup EXIT
 
 run="'00000000-0000-0000-0000-000000000001'"
 session="'00000000-0000-0000-0000-000000000002'"
-# head: the compare-and-set of the run's head row and the session's
-# self-fence (pg_try_advisory_xact_lock_shared of a key nobody holds
-# exclusive: the fence passes).
-head="WITH head AS (UPDATE $schema.runs SET last_seq = last_seq + 1, last_hash = sha256('\\x02'), last_end = last_end + 300, last_len = 300, last_at = now() WHERE id = $run RETURNING last_seq, sqrt(CASE WHEN pg_try_advisory_xact_lock_shared(4242) THEN 1 ELSE -1 END) AS fence)"
-record() { # ev, line length
-	echo "ins AS (INSERT INTO $schema.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at) SELECT $run, head.last_seq, convert_to(repeat('x', $2), 'UTF8'), sha256(convert_to(repeat('x', $2), 'UTF8')), '$1', 's-' || :n, 1, NULL, $session, now() FROM head WHERE head.fence = 1)"
+# head K: the compare-and-set of the run's head row, moved by K records,
+# and the session's self-fence (pg_try_advisory_xact_lock_shared of a key
+# nobody holds exclusive: the fence passes).
+head() {
+	echo "WITH head AS (UPDATE $schema.runs SET last_seq = last_seq + $1, last_hash = sha256('\\x02'), last_end = last_end + 300 * $1, last_len = 300, last_at = now() WHERE id = $run RETURNING last_seq, sqrt(CASE WHEN pg_try_advisory_xact_lock_shared(4242) THEN 1 ELSE -1 END) AS fence)"
 }
-out="convert_to('result of s-' || :n || E'\\n', 'UTF8')"
-begin="$head, $(record begin 250) SELECT 1 / (SELECT count(*)::int FROM head);"
-complete="$head, $(record complete 330), outs AS (INSERT INTO $schema.outputs (run_id, seq, path, sha256, size, data) SELECT $run, head.last_seq, 'out/s-' || :n || '.txt', sha256($out), length($out), $out FROM head WHERE head.fence = 1) SELECT 1 / (SELECT count(*)::int FROM head);"
+# bet EV LEN K: a bet of K records of event EV (LEN bytes each) after the
+# head, each complete with its small output's bytes inline. One record is
+# a row of values, as batch.go's one-record statements; K a set, as its
+# array form (unnest there, generate_series here).
+bet() {
+	local seq="head.last_seq" stage="'s-' || :n" from="head"
+	if (($3 > 1)); then
+		seq="head.last_seq - $3 + i" stage="'s-' || :n || '-' || i" from="head, generate_series(1, $3) i"
+	fi
+	local out="convert_to('result of ' || $stage || E'\\n', 'UTF8')"
+	local sql
+	sql="$(head "$3"), ins AS (INSERT INTO $schema.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at) SELECT $run, $seq, convert_to(repeat('x', $2), 'UTF8'), sha256(convert_to(repeat('x', $2), 'UTF8')), '$1', $stage, 1, NULL, $session, now() FROM $from WHERE head.fence = 1)"
+	if [[ $1 == complete ]]; then
+		sql+=", outs AS (INSERT INTO $schema.outputs (run_id, seq, path, sha256, size, data) SELECT $run, $seq, 'out/' || $stage || '.txt', sha256($out), length($out), $out FROM $from WHERE head.fence = 1)"
+	fi
+	echo "$sql SELECT 1 / (SELECT count(*)::int FROM head);"
+}
+n='\set n random(1, 9000000000000000000)'
 
 echo "INSERT INTO $schema.raw (line) VALUES (convert_to(repeat('x', 300), 'UTF8'));" >"$tmp/raw.sql"
-printf '%s\n' '\set n random(1, 9000000000000000000)' '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$begin" 'COMMIT;' "$complete" '\endpipeline' >"$tmp/two-tx.sql"
-printf '%s\n' '\set n random(1, 9000000000000000000)' '\startpipeline' 'BEGIN;' "$begin" "$complete" 'COMMIT;' '\endpipeline' >"$tmp/one-tx.sql"
+printf '%s\n' "$n" '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$(bet begin 250 1)" 'COMMIT;' "$(bet complete 330 1)" '\endpipeline' >"$tmp/two-tx.sql"
+printf '%s\n' "$n" '\startpipeline' 'BEGIN;' "$(bet begin 250 1)" "$(bet complete 330 1)" 'COMMIT;' '\endpipeline' >"$tmp/one-tx.sql"
+printf '%s\n' "$n" '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$(bet begin 250 "$batch")" 'COMMIT;' "$(bet complete 330 "$batch")" '\endpipeline' >"$tmp/batch.sql"
 
 latency() { # script: mean latency in µs
 	local us
@@ -98,15 +123,17 @@ latency() { # script: mean latency in µs
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "pgbench $("$pgbench" --version | awk '{print $3}'), server $("$psql" "$dsn" -qXAtc 'SHOW server_version'), $rounds rounds of ${secs} s each, $(date -u '+%Y-%m-%d %H:%M UTC')"
-: >"$tmp/two" && : >"$tmp/one"
+: >"$tmp/two" && : >"$tmp/one" && : >"$tmp/batched"
 for ((i = 1; i <= rounds; i++)); do
 	r=$(latency raw)
 	t=$(latency two-tx)
 	o=$(latency one-tx)
+	b=$(latency batch)
 	rt=$(awk -v a="$t" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
 	ro=$(awk -v a="$o" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
-	echo "$rt" >>"$tmp/two" && echo "$ro" >>"$tmp/one"
-	echo "round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw)"
+	rb=$(awk -v a="$t" -v b="$b" -v k="$batch" 'BEGIN { printf "%.2f", a * k / b }')
+	echo "$rt" >>"$tmp/two" && echo "$ro" >>"$tmp/one" && echo "$rb" >>"$tmp/batched"
+	echo "round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw), batch-$batch $b µs ($rb x two-tx's throughput)"
 done
 # Every statement must have written its rows (a fence or a compare-and-set
 # that failed quietly would have measured less work).
@@ -116,4 +143,4 @@ if ((begins == 0 || begins != completes || completes != outputs || last != begin
 	echo "pgfloor.sh: the statements did not write what they should: $begins begins, $completes completes, $outputs outputs, head at $last" >&2
 	exit 1
 fi
-echo "median: two-tx $(median <"$tmp/two") x raw, one-tx $(median <"$tmp/one") x raw"
+echo "median: two-tx $(median <"$tmp/two") x raw, one-tx $(median <"$tmp/one") x raw, batch-$batch $(median <"$tmp/batched") x two-tx's throughput"
