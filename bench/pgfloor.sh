@@ -51,7 +51,7 @@ tool() {
 	elif command -v "$1"; then
 		:
 	else
-		ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -1
+		ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -1 || true
 	fi
 }
 pgbench=$(tool pgbench)
