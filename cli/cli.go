@@ -152,12 +152,12 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 			return c.usageError(cmd.name, "empty argument")
 		}
 		if cmd.dirOnly && (i == 0 || cmd.name == "ls") && c.isAddress(p) {
-			return c.usageError(cmd.name, fmt.Sprintf("%s is an address, not a run directory: %s works on run directories only", redact(p), cmd.name))
+			return c.usageError(cmd.name, fmt.Sprintf("%s is an address, not a run directory: %s works on run directories only", Redact(p), cmd.name))
 		}
 		if to, ok := workDirOf(p); ok && cmd.dirOnly && i == 0 && cmd.name != "ls" {
 			// It would make a second run, in files, beside the one its
 			// logs/run.json names.
-			return c.usageError(cmd.name, fmt.Sprintf("%s is a working directory of the run at %s, not a run directory: %s works on run directories only", p, redact(to), cmd.name))
+			return c.usageError(cmd.name, fmt.Sprintf("%s is a working directory of the run at %s, not a run directory: %s works on run directories only", p, Redact(to), cmd.name))
 		}
 	}
 	if cmd.argv {

@@ -37,7 +37,7 @@ person.`,
 				s, ok := st.Stage(args[1])
 				switch {
 				case !ok:
-					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], redact(args[0]))
+					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], Redact(args[0]))
 				case s.State != runstate.StateAwaiting:
 					return fmt.Errorf("stage %s does not await a person: it is %s", args[1], s.State)
 				}
@@ -69,7 +69,7 @@ command returns.`,
 			}
 			check := func(st *runstate.Status) error {
 				if _, ok := st.Stage(args[1]); !ok {
-					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], redact(args[0]))
+					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], Redact(args[0]))
 				}
 				return nil
 			}
@@ -123,7 +123,7 @@ the command returns. Exit status 1 when KEY is not awaiting a decision.`,
 					}
 					return nil
 				}
-				return fmt.Errorf("effect %s is unknown to the run in %s", args[1], redact(args[0]))
+				return fmt.Errorf("effect %s is unknown to the run in %s", args[1], Redact(args[0]))
 			}
 			return c.operate(args[0], *timeout, check, func(ctx context.Context, r *runstate.Run) (string, error) {
 				return what + " (by " + *by + ")", r.Resolve(ctx, args[1], res)

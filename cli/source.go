@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -119,7 +120,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 			if s == "postgres" || s == "postgresql" {
 				hint = "the command that reads PostgreSQL runs is installed with: " + pgCommand
 			}
-			return nil, fmt.Errorf("%s is a %s:// address, and this runstate command reads run directories only; %s", redact(addr), s, hint)
+			return nil, fmt.Errorf("%s is a %s:// address, and this runstate command reads run directories only; %s", Redact(addr), s, hint)
 		}
 	}
 	if to, ok := workDirOf(addr); ok {
@@ -130,7 +131,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 		if s, _ := scheme(to); s == "postgres" || s == "postgresql" {
 			hint = "install the runstate command that reads PostgreSQL runs (" + pgCommand + ") and run it on that address"
 		}
-		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, redact(to), runstate.WorkDirFile, hint)
+		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, Redact(to), runstate.WorkDirFile, hint)
 	}
 	return &dirSource{dir: addr}, nil
 }
@@ -177,26 +178,58 @@ func (c *cli) isAddress(arg string) bool {
 	return true
 }
 
-// redact removes the password from a URL address.
-func redact(addr string) string {
-	s, rest, ok := strings.Cut(addr, "://")
+// Redact hides the passwords in a URL address (postgres://…), for
+// messages: the userinfo's, what follows the user name's ':' (the
+// userinfo ends at an '@' that comes before any '/', as pgx reads it),
+// and the values of the password and sslpassword parameters. An unescaped '@', '/' or '?'
+// in a password moves part of it out of that userinfo, so an '@' left
+// after it hides everything up to the last one; and where no userinfo was
+// found, everything from a ':' before the first '/' to the last '@' is
+// hidden. That hides more than the password at times (the host and
+// database, when a parameter's value has an '@'), never less. A path
+// (no "://") comes back as it is. Safe for concurrent use.
+func Redact(addr string) string {
+	const mask = "xxxxx"
+	scheme, rest, ok := strings.Cut(addr, "://")
 	if !ok {
 		return addr
 	}
-	host, path, _ := strings.Cut(rest, "/")
-	at := strings.LastIndex(host, "@")
-	if at < 0 {
-		return addr
+	head := scheme + "://"
+	userinfo, masked := false, false
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		user, _, has := strings.Cut(rest[:i], ":")
+		userinfo, masked = true, has
+		if has {
+			user += ":" + mask
+		}
+		head += user + "@"
+		rest = rest[i+1:]
 	}
-	user, _, hasPass := strings.Cut(host[:at], ":")
-	if !hasPass {
-		return addr
+	if base, query, ok := strings.Cut(rest, "?"); ok {
+		kvs := strings.Split(query, "&")
+		for i, kv := range kvs {
+			k, _, hasValue := strings.Cut(kv, "=")
+			key, err := url.QueryUnescape(k)
+			if err != nil {
+				key = k
+			}
+			if hasValue && (strings.EqualFold(key, "password") || strings.EqualFold(key, "sslpassword")) {
+				kvs[i] = k + "=" + mask
+			}
+		}
+		rest = base + "?" + strings.Join(kvs, "&")
 	}
-	out := s + "://" + user + ":xxxxx" + host[at:]
-	if strings.Contains(rest, "/") {
-		out += "/" + path
+	at := strings.LastIndexByte(rest, '@')
+	switch c, slash := strings.IndexByte(rest, ':'), strings.IndexByte(rest, '/'); {
+	case at < 0:
+	case masked:
+		rest = rest[at+1:] // the rest of a password with an '@' in it
+	case !userinfo && c >= 0 && c < at && (slash < 0 || c < slash):
+		// A password that a '/' cut from its userinfo (or a port followed
+		// by an '@' in a parameter's value: hidden too).
+		rest = rest[:c+1] + mask + rest[at:]
 	}
-	return out
+	return head + rest
 }
 
 // Chain follows a ledger's hash chain line by line: each line must hold

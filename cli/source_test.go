@@ -140,17 +140,6 @@ func TestARegisteredSourceServesTheReadAndOperatorCommands(t *testing.T) {
 	assert.Contains(t, res.err, "runstate: no run mem://other")
 }
 
-func TestRedact(t *testing.T) {
-	for in, want := range map[string]string{
-		"postgres://u:secret@db:5432/agents?run=b": "postgres://u:xxxxx@db:5432/agents?run=b",
-		"postgres://u@db/agents?run=b":             "postgres://u@db/agents?run=b",
-		"postgres://u:p@db":                        "postgres://u:xxxxx@db",
-		"runs/billing":                             "runs/billing",
-	} {
-		assert.Equal(t, want, redact(in), in)
-	}
-}
-
 // TestAWorkingDirectoryLeadsToItsRun: a working directory of a run kept
 // elsewhere (its logs/run.json names the address, pgstore writes it) is
 // read at that address by a command that has its Source, and named with

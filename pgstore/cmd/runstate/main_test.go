@@ -424,6 +424,13 @@ func TestSplitRun(t *testing.T) {
 	assert.Equal(t, "b", run)
 	_, _, err = splitRun("postgres://u@h/db?run=a&sslmode=disable&run=b")
 	assert.ErrorContains(t, err, "names two runs: give run=NAME once")
+	// The messages name the address without its password.
+	_, _, err = splitRun("postgres://u:se/cret@h/db?sslmode=disable")
+	assert.ErrorContains(t, err, "names no run")
+	assert.NotContains(t, err.Error(), "cret")
+	_, _, err = splitRun("postgres://u@h/db?password=secret&run=%zz")
+	assert.ErrorContains(t, err, "the run parameter")
+	assert.NotContains(t, err.Error(), "secret")
 	_, _, err = splitRun("postgres://u:pw@h/db?run=")
 	assert.ErrorContains(t, err, "postgres://u:xxxxx@h/db?run= names no run: add ?run=NAME")
 }

@@ -40,9 +40,9 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	// operator commands' sessions need a run, so a schema, that exists).
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("runstate: %s: %w", redact(addr), err)
+		return nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
 	}
-	return &pgSource{addr: redact(addr), run: run, db: db}, nil
+	return &pgSource{addr: cli.Redact(addr), run: run, db: db}, nil
 }
 
 // splitRun removes the run parameter from a postgres:// address and
@@ -61,10 +61,10 @@ func splitRun(addr string) (dsn, run string, err error) {
 			continue
 		}
 		if found {
-			return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", redact(addr))
+			return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", cli.Redact(addr))
 		}
 		if run, err = url.QueryUnescape(v); err != nil {
-			return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", redact(addr), err)
+			return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", cli.Redact(addr), err)
 		}
 		found = true
 	}
@@ -73,65 +73,12 @@ func splitRun(addr string) (dsn, run string, err error) {
 		if len(keep) > 0 {
 			example += strings.Join(keep, "&") + "&"
 		}
-		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", redact(addr), redact(example))
+		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", cli.Redact(addr), cli.Redact(example))
 	}
 	if len(keep) > 0 {
 		base += "?" + strings.Join(keep, "&")
 	}
 	return base, run, nil
-}
-
-// redact hides the passwords in a postgres:// address, for messages:
-// the userinfo's, what follows the user name's ':' (the userinfo ends at
-// an '@' that comes before any '/', as pgx reads it), and the values of
-// the password and sslpassword parameters. An unescaped '@', '/' or '?'
-// in a password moves part of it out of that userinfo, so an '@' left
-// after it hides everything up to the last one; and where no userinfo was
-// found, everything from a ':' before the first '/' to the last '@' is
-// hidden. That hides more than the password at times (the host and
-// database, when a parameter's value has an '@'), never less.
-func redact(addr string) string {
-	const mask = "xxxxx"
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		return addr
-	}
-	head := scheme + "://"
-	userinfo, masked := false, false
-	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
-		user, _, has := strings.Cut(rest[:i], ":")
-		userinfo, masked = true, has
-		if has {
-			user += ":" + mask
-		}
-		head += user + "@"
-		rest = rest[i+1:]
-	}
-	if base, query, ok := strings.Cut(rest, "?"); ok {
-		kvs := strings.Split(query, "&")
-		for i, kv := range kvs {
-			k, _, hasValue := strings.Cut(kv, "=")
-			key, err := url.QueryUnescape(k)
-			if err != nil {
-				key = k
-			}
-			if hasValue && (strings.EqualFold(key, "password") || strings.EqualFold(key, "sslpassword")) {
-				kvs[i] = k + "=" + mask
-			}
-		}
-		rest = base + "?" + strings.Join(kvs, "&")
-	}
-	at := strings.LastIndexByte(rest, '@')
-	switch c, slash := strings.IndexByte(rest, ':'), strings.IndexByte(rest, '/'); {
-	case at < 0:
-	case masked:
-		rest = rest[at+1:] // the rest of a password with an '@' in it
-	case !userinfo && c >= 0 && c < at && (slash < 0 || c < slash):
-		// A password that a '/' cut from its userinfo (or a port followed
-		// by an '@' in a parameter's value: hidden too).
-		rest = rest[:c+1] + mask + rest[at:]
-	}
-	return head + rest
 }
 
 func (s *pgSource) Name() string { return s.addr }
