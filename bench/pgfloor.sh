@@ -19,10 +19,13 @@
 #           client cost nothing.
 # The tables are pgstore's own: its migrations (../pgstore/migrations),
 # applied to a scratch schema that the script drops at the end. The bets
-# are batch.go's statements in the form a session alone on its run uses
-# (the head row's compare-and-set as an UPDATE, the advisory self-fence,
-# the record's row with its two partial unique indexes), with literals in
-# place of parameters.
+# are optimistic.go's statements in the form a session alone on its run
+# uses (the head row's UPDATE, the advisory self-fence, the record's row
+# with its two partial unique indexes, the output's row), with literals in
+# place of parameters, and one difference: the UPDATE moves the head by
+# an increment where pgstore compares its seq and hash with the ones it
+# bet on (pgbench carries nothing from one transaction to the next; the
+# comparison is of two values in the row it updates anyway).
 #
 #   bench/pgfloor.sh [DSN]        (default: $RUNSTATE_PG_DSN)
 #   ROUNDS=6 SECS=4 BATCH=6 bench/pgfloor.sh
@@ -80,7 +83,8 @@ trap cleanup EXIT
 
 run="'00000000-0000-0000-0000-000000000001'"
 session="'00000000-0000-0000-0000-000000000002'"
-# head K: the compare-and-set of the run's head row, moved by K records,
+# head K: the run's head row, moved by K records (an increment in place
+# of pgstore's compare-and-set),
 # and the session's self-fence (pg_try_advisory_xact_lock_shared of a key
 # nobody holds exclusive: the fence passes).
 head() {
@@ -135,7 +139,7 @@ for ((i = 1; i <= rounds; i++)); do
 	echo "$rt" >>"$tmp/two" && echo "$ro" >>"$tmp/one" && echo "$rb" >>"$tmp/batched"
 	echo "round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw), batch-$batch $b µs ($rb x two-tx's throughput)"
 done
-# Every statement must have written its rows (a fence or a compare-and-set
+# Every statement must have written its rows (a fence or an UPDATE
 # that failed quietly would have measured less work).
 counts=$("$psql" "$dsn" -qXAt -F ' ' -c "SELECT (SELECT count(*) FROM $schema.records WHERE ev = 'begin'), (SELECT count(*) FROM $schema.records WHERE ev = 'complete'), (SELECT count(*) FROM $schema.outputs), (SELECT last_seq FROM $schema.runs)")
 read -r begins completes outputs last <<<"$counts"
