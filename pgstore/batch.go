@@ -464,7 +464,8 @@ func (b *batch) Sync(ctx context.Context) error {
 // they are written with this batch's COMMIT when it has not committed yet,
 // else with the next batch's, so that a busy session's cost no
 // transaction of their own; an idle session's (no batch within about a
-// second) and a clean Close's are written by one (publish.go, writeKept).
+// second), a large manifest (over largeManifest: in the background, paced)
+// and a clean Close's are written by one (publish.go, writeKept).
 // The handoff is written at most once a second (handoffEvery): readers
 // render it from the records anyway.
 func (b *batch) Publish(at runstate.Position, manifest, handoff []byte) {
@@ -603,10 +604,13 @@ ON CONFLICT (run_id) DO UPDATE SET handoff_seq = excluded.handoff_seq, handoff =
 WHERE p.handoff_seq < excluded.handoff_seq`
 )
 
-// queuePublish queues the projections due.
-func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
-	m, h := s.pub.take(time.Now(), all)
+// queuePublish queues the projections due (published.take: inline for a
+// batch's commit, else for a write of their own), and reports whether the
+// manifest it queued is a large one.
+func (s *store) queuePublish(pb *pgx.Batch, runID string, all, inline bool) (large bool) {
+	m, h := s.pub.take(time.Now(), all, inline)
 	if m != nil {
+		large = s.pub.largeOne(m)
 		if hash, err := hex.DecodeString(m.at.Hash); err == nil {
 			if s.db.lz4 {
 				pb.Queue(lz4SQL)
@@ -617,6 +621,7 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all bool) {
 	if h != nil {
 		pb.Queue(s.db.sql(publishHandoffSQL), runID, h.at.Seq, string(h.data))
 	}
+	return large
 }
 
 // commitBatch builds the round trip that ends a locked batch's
@@ -729,7 +734,7 @@ func (b *batch) queueWrites(pb *pgx.Batch, lazy bool, bet []any, form map[string
 		}
 		pb.Queue(db.sql(q), args...)
 	}
-	b.s.queuePublish(pb, b.runID, false)
+	b.s.queuePublish(pb, b.runID, false, true)
 }
 
 // outputData returns the bytes each of the batch's outputs holds in its
