@@ -57,6 +57,7 @@ is recorded).`,
 		payload := fs.String("payload", "", "`TEXT`: the effect's request, recorded with the intent (JSON, or text)")
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
 		return func(c *cli, args []string) int {
+			defer survivePipe()()
 			if _, err := exec.LookPath(args[2]); err != nil {
 				return c.failWith(exitNotFound, fmt.Errorf("effect %s: command %s: %v; install it or fix PATH (nothing was recorded)", args[1], quoteArg(args[2]), errors.Unwrap(err)))
 			}

@@ -60,7 +60,10 @@ a command that then ends with an error leaves the attempt unended, so the
 next session records it as interrupted and runs it again (exit 128+signal).
 If exec is killed (SIGKILL), the command is killed too (Linux: a parent-death
 signal) and the next session records the attempt as interrupted. When the
-command ends, what is left of its process group is killed.
+command ends, what is left of its process group is killed. A standard
+output or error that is a closed pipe (exec ... | head -1) stops neither
+exec nor the record of how the stage ended: what cannot be shown is still
+kept in DIR/exec.
 
 -in FILE and -out PATH are paths as the shell sees them (relative to the
 current directory); -out must be inside DIR. DIR must hold a run, unless
@@ -313,6 +316,7 @@ func stdPath(stage, stream string) string {
 }
 
 func (c *cli) exec(o *execOptions) int {
+	defer survivePipe()()
 	ctx := context.Background()
 	r, code := c.openRun("exec", o.dir, o.request, o.maxAttempts)
 	if r == nil {
@@ -404,10 +408,13 @@ func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) in
 	return exitOK
 }
 
-// endStage records err as the stage's failure, prints it, and returns code.
+// endStage records err as the stage's failure, then prints it (a message
+// that cannot be shown must not keep the failure from the ledger), and
+// returns code.
 func (c *cli) endStage(st *runstate.Stage, code int, err error) int {
+	ferr := st.Fail(err)
 	c.fail(err)
-	if ferr := st.Fail(err); ferr != nil && !errors.Is(ferr, runstate.ErrClosed) {
+	if ferr != nil && !errors.Is(ferr, runstate.ErrClosed) {
 		c.fail(ferr)
 	}
 	return code

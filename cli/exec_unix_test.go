@@ -165,3 +165,83 @@ func TestExecRefusesLinkOutOfRun(t *testing.T) {
 	assert.Empty(t, entries, "exec wrote outside the run directory")
 	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "a").State)
 }
+
+// runClosed runs the command with its standard output (and, with both,
+// its standard error too) a pipe whose reader has gone, as in
+// 'runstate exec ... 2>&1 | head -0'. It returns the exit status and
+// whether a signal killed the command.
+func runClosed(t *testing.T, both bool, args ...string) (code int, killed os.Signal) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	require.NoError(t, pr.Close())
+	defer pw.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = pw
+	if both {
+		cmd.Stderr = pw
+	}
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if err != nil {
+		require.ErrorAs(t, err, &ee)
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return -1, ws.Signal()
+	}
+	return cmd.ProcessState.ExitCode(), nil
+}
+
+// events lists the ev of each record after seq from.
+func events(t *testing.T, dir string, from int64) []string {
+	t.Helper()
+	var evs []string
+	require.NoError(t, runstate.ReadLedger(dir, func(r *runstate.Record) error {
+		if r.Seq > from {
+			evs = append(evs, r.Ev+" "+r.Stage+r.Key)
+		}
+		return nil
+	}))
+	return evs
+}
+
+// A closed standard output and error (runstate exec ... 2>&1 | head -1
+// after head has exited) kill neither exec, await nor effect with SIGPIPE:
+// each records how the stage or effect ended and closes its session, and
+// exits with its own status.
+func TestPipelineCommandsSurviveAClosedPipe(t *testing.T) {
+	dir, _ := shellRun(t, "fails", "missing", "ok", "review")
+	seq := func() int64 {
+		st, err := runstate.Inspect(dir)
+		require.NoError(t, err)
+		return st.Seq
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"exec", dir, "fails", "--", "sh", "-c", "echo out; echo err >&2; exit 3"}, 3,
+			[]string{"open ", "begin fails", "fail fails", "close "}},
+		{[]string{"exec", dir, "missing", "--", "no-such-command-runstate"}, exitNotFound,
+			[]string{"open ", "begin missing", "fail missing", "close "}},
+		{[]string{"exec", dir, "ok", "--", "seq", "10000"}, exitOK,
+			[]string{"open ", "begin ok", "complete ok", "close "}},
+		{[]string{"await", dir, "review", "-reason", "read it"}, exitPerson,
+			[]string{"open ", "begin review", "await review", "close "}},
+		{[]string{"effect", dir, "notify", "--", "echo", "sent"}, exitOK,
+			[]string{"open ", "intent notify", "confirm notify", "close "}},
+	} {
+		from := seq()
+		code, killed := runClosed(t, true, tc.args...)
+		assert.Nil(t, killed, "%v was killed", tc.args)
+		assert.Equal(t, tc.code, code, "%v", tc.args)
+		assert.Equal(t, tc.want, events(t, dir, from), "%v", tc.args)
+	}
+	// Standard error still open: the messages are there.
+	from := seq()
+	code, killed := runClosed(t, false, "effect", dir, "notify2", "--", "echo", "sent")
+	assert.Nil(t, killed)
+	assert.Equal(t, exitOK, code)
+	assert.Equal(t, []string{"open ", "intent notify2", "confirm notify2", "close "}, events(t, dir, from))
+}

@@ -49,7 +49,9 @@ const groupGrace = 500 * time.Millisecond
 // process (see setProcGroup), passes SIGINT and SIGTERM on to the group,
 // copies its output through pipes, and, once the command has exited,
 // ends what is left of its group (SIGTERM, then SIGKILL after groupGrace),
-// so that nothing it started keeps running or holds the pipes.
+// so that nothing it started keeps running or holds the pipes. The caller
+// holds off SIGPIPE (survivePipe) so that a closed standard output does not
+// kill this process, and the command with it.
 func runProc(p proc) procResult {
 	cmd := exec.Command(p.argv[0], p.argv[1:]...)
 	cmd.Env = p.env
@@ -87,13 +89,6 @@ func runProc(p proc) procResult {
 	sigc := make(chan os.Signal, 4)
 	signal.Notify(sigc, forwardSignals...)
 	defer signal.Stop(sigc)
-	// A standard output or error that is a closed pipe (runstate exec ... |
-	// head) must not kill this process, and the command with it: with
-	// SIGPIPE caught, a write returns EPIPE and tee stops showing the stream
-	// but keeps it. The command gets the default disposition back on exec.
-	pipec := make(chan os.Signal, 1)
-	signal.Notify(pipec, brokenPipe...)
-	defer signal.Stop(pipec)
 	err := cmd.Start()
 	for _, w := range []io.Writer{cmd.Stdout, cmd.Stderr} {
 		if f, ok := w.(*os.File); ok {

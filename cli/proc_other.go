@@ -12,8 +12,9 @@ import (
 // command included, so there is nothing to pass on.
 var forwardSignals = []os.Signal{os.Interrupt}
 
-// brokenPipe is empty: Windows raises no signal for a closed pipe.
-var brokenPipe []os.Signal
+// survivePipe does nothing: this system raises no signal for a closed
+// pipe; a write to one returns an error.
+func survivePipe() (stop func()) { return func() {} }
 
 // setProcGroup does nothing on this system: the command shares the
 // console's process group.

@@ -5,6 +5,7 @@ package cli
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"syscall"
 	"time"
 )
@@ -12,8 +13,17 @@ import (
 // forwardSignals are the signals runProc passes on to the command.
 var forwardSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 
-// brokenPipe is the signal a write to a closed pipe raises.
-var brokenPipe = []os.Signal{syscall.SIGPIPE}
+// survivePipe catches SIGPIPE until stop is called, so that a write to a
+// standard output or error that is a closed pipe (runstate exec ... | head
+// -1) returns EPIPE instead of killing this process: exec, await and effect
+// then still record how the stage or effect ended, and close the session.
+// Commands they start get the default disposition back on exec. Safe for
+// concurrent use; the signal stays caught while any caller holds it.
+func survivePipe() (stop func()) {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGPIPE)
+	return func() { signal.Stop(c) }
+}
 
 // setProcGroup puts the command in a process group of its own, led by it,
 // and, on Linux, has the kernel kill it when this process dies. It reports

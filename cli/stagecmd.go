@@ -104,6 +104,7 @@ record it.`,
 }
 
 func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []string) int {
+	defer survivePipe()()
 	r, code := c.openRun("await", dir, "", 0)
 	if r == nil {
 		return code
