@@ -626,6 +626,42 @@ func TestLogFollow(t *testing.T) {
 	require.NoError(t, r.Close())
 }
 
+// A damaged last line that is complete (it ends in '\n': no torn append)
+// stops log -follow with the file, the line and what to do (exit 1),
+// instead of waiting on it for ever as on a torn tail.
+func TestLogFollowStopsOnADamagedLastLine(t *testing.T) {
+	for name, bad := range map[string]string{
+		"not a record": "{\"garbage\n",
+		"not JSON":     "0000\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := healthyRun(t)
+			n := len(ledgerLines(t, dir))
+			f := follow(t, dir)
+			for range n {
+				f.next(t)
+			}
+			fl, err := os.OpenFile(ledgerPath(dir), os.O_APPEND|os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = fl.WriteString(bad)
+			require.NoError(t, err)
+			require.NoError(t, fl.Close())
+			done := make(chan error, 1)
+			go func() { done <- f.cmd.Wait() }()
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee)
+				assert.Equal(t, exitFail, ee.ExitCode())
+			case <-time.After(10 * time.Second):
+				t.Fatal("log -follow still waits on a damaged last line after 10s")
+			}
+			assert.Contains(t, f.errb.String(), fmt.Sprintf("%s line %d (byte %d): ", ledgerPath(dir), n+1, fileSize(t, ledgerPath(dir))-int64(len(bad))))
+			assert.Contains(t, f.errb.String(), "the ledger is damaged; run 'runstate verify "+dir+"'")
+		})
+	}
+}
+
 func TestVerify(t *testing.T) {
 	dir := healthyRun(t)
 	res := readCLI(t, dir, "verify", dir)

@@ -137,6 +137,7 @@ func (d *dirSource) Follow(ctx context.Context, after int64, fn func(*runstate.R
 	if err != nil {
 		return err
 	}
+	t.dir = d.dir
 	defer t.f.Close()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
@@ -154,13 +155,15 @@ func (d *dirSource) Follow(ctx context.Context, after int64, fn func(*runstate.R
 
 // tail follows a ledger as writers append to it. It checks that each new
 // record continues the chain (seq + 1, prev = hash of the line before),
-// and waits on a last line that is incomplete or does not parse: that is a
-// write in progress, or a torn tail the next writer cuts.
+// and waits on a last line without its '\n': that is a write in progress,
+// or a torn tail the next writer cuts. A bad line that ends in '\n' is
+// damage, and stops it.
 type tail struct {
 	f      *os.File
 	path   string
-	chain  Chain // the last record shown
-	offset int64 // just past its '\n'
+	dir    string // the run directory, for advice
+	chain  Chain  // the last record shown
+	offset int64  // just past its '\n'
 }
 
 // newTail starts after line seq of the ledger at path.
@@ -208,14 +211,10 @@ func (t *tail) poll(show func(*runstate.Record) error) error {
 			return nil // a write in progress, or a torn tail: wait
 		}
 		r, err := t.chain.Next(buf[:i])
-		if errors.Is(err, errNotRecord) {
-			if bytes.IndexByte(buf[i+1:], '\n') < 0 {
-				return nil // a bad last line is a torn tail: the next writer cuts it
-			}
-			return fmt.Errorf("runstate: %s line %d (byte %d): not a ledger record, and more lines follow it: the ledger is damaged; run 'runstate verify'", t.path, t.chain.Seq+1, t.offset)
-		}
 		if err != nil {
-			return fmt.Errorf("runstate: %s line %d (byte %d): %v: the ledger is damaged; run 'runstate verify'", t.path, t.chain.Seq+1, t.offset, err)
+			// A line that ends in '\n' was written whole: a torn append
+			// has none. Bad, it is damage, the last line too.
+			return fmt.Errorf("runstate: %s line %d (byte %d): %v: the ledger is damaged; run 'runstate verify %s' (it says what is wrong and how to repair it)", t.path, t.chain.Seq+1, t.offset, err, quoteArg(t.dir))
 		}
 		if err := show(r); err != nil {
 			return err

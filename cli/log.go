@@ -33,7 +33,9 @@ naming the line and byte offset (exit 1).
 
 -follow keeps printing records as other processes append them (it polls the
 file's size every 100 ms; a database run: its store says how) until it is
-interrupted (SIGINT, Ctrl-C), then exits 0.
+interrupted (SIGINT, Ctrl-C), then exits 0. A last line without its newline
+is waited on (a write in progress, or a torn tail the next writer cuts); a
+damaged line that ends in a newline stops it with the line (exit 1).
 
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
