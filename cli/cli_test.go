@@ -576,6 +576,31 @@ func follow(t *testing.T, args ...string) *follower {
 	return f
 }
 
+// exit waits for the follower to end by itself and returns its exit
+// status.
+func (f *follower) exit(t *testing.T) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f.cmd.Wait() }()
+	select {
+	case <-done:
+		return f.cmd.ProcessState.ExitCode()
+	case <-time.After(10 * time.Second):
+		t.Fatalf("log -follow still runs after 10s; stderr: %s", f.errb.String())
+		return 0
+	}
+}
+
+// appendDamage appends text, a damaged line, to the ledger.
+func appendDamage(t *testing.T, dir, text string) {
+	t.Helper()
+	fl, err := os.OpenFile(ledgerPath(dir), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = fl.WriteString(text)
+	require.NoError(t, err)
+	require.NoError(t, fl.Close())
+}
+
 // next waits for the follower's next line.
 func (f *follower) next(t *testing.T) string {
 	t.Helper()
@@ -641,21 +666,8 @@ func TestLogFollowStopsOnADamagedLastLine(t *testing.T) {
 			for range n {
 				f.next(t)
 			}
-			fl, err := os.OpenFile(ledgerPath(dir), os.O_APPEND|os.O_WRONLY, 0)
-			require.NoError(t, err)
-			_, err = fl.WriteString(bad)
-			require.NoError(t, err)
-			require.NoError(t, fl.Close())
-			done := make(chan error, 1)
-			go func() { done <- f.cmd.Wait() }()
-			select {
-			case err := <-done:
-				var ee *exec.ExitError
-				require.ErrorAs(t, err, &ee)
-				assert.Equal(t, exitFail, ee.ExitCode())
-			case <-time.After(10 * time.Second):
-				t.Fatal("log -follow still waits on a damaged last line after 10s")
-			}
+			appendDamage(t, dir, bad)
+			assert.Equal(t, exitFail, f.exit(t), "log -follow after a damaged last line")
 			assert.Contains(t, f.errb.String(), fmt.Sprintf("%s line %d (byte %d): ", ledgerPath(dir), n+1, fileSize(t, ledgerPath(dir))-int64(len(bad))))
 			assert.Contains(t, f.errb.String(), "the ledger is damaged; run 'runstate verify "+dir+"'")
 		})

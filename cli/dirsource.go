@@ -183,6 +183,7 @@ func newTail(path string, seq int64) (*tail, error) {
 		t.chain.Seq++
 		t.offset += int64(len(line))
 		t.chain.Hash = lineHash(line[:len(line)-1])
+		t.chain.CRC, _ = checkCRC(line[:len(line)-1]) // ReadLedger checked it
 	}
 	return t, nil
 }

@@ -13,7 +13,7 @@ var exportCmd = &command{
 	long: `Export writes the ledger of the run at DIR (a run directory or, in a
 command built with other stores, an address) to standard output: every
 complete record line, byte for byte as stored, each ending in a newline,
-the hash chain checked as it is read. The output is a valid
+the hash chain and each line's crc checked as it is read. The output is a valid
 logs/ledger.jsonl: put it in DIR2/logs/ and 'runstate verify DIR2' checks
 the ledger as it checks any run's (the artifacts are not copied). A torn last
 line is not written. It takes no lock and writes nothing to the run.

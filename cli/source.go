@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/url"
 	"os"
@@ -234,26 +235,64 @@ func Redact(addr string) string {
 
 // Chain follows a ledger's hash chain line by line: each line must hold
 // the record with the next seq whose prev is the SHA-256 of the line
-// before. The zero Chain expects line 1. Not safe for concurrent use.
+// before, and a crc field that matches the line's bytes (after a line with
+// one, every line must have one), as the runstate package documents the
+// format. The zero Chain expects line 1. Not safe for concurrent use.
 type Chain struct {
 	Seq  int64  // the last record's seq
 	Hash string // the hex SHA-256 of its line (without '\n')
+	// CRC: the last record's line has a crc field, so the next must have
+	// one too.
+	CRC bool
 }
 
-// Next decodes line (a ledger line without its '\n'), checks that it
-// continues the chain and advances. The error says what is wrong with
-// the line (errNotRecord when it holds no record); the caller adds where
-// the line is and what to do.
+// Next decodes line (a ledger line without its '\n'), checks its crc and
+// that it continues the chain, and advances. The error says what is wrong
+// with the line (errNotRecord when it holds no record); the caller adds
+// where the line is and what to do.
 func (c *Chain) Next(line []byte) (*runstate.Record, error) {
 	var r runstate.Record
 	if err := json.Unmarshal(line, &r); err != nil || r.Seq == 0 || r.Ev == "" {
 		return nil, errNotRecord
 	}
+	has, err := checkCRC(line)
+	switch {
+	case err != nil:
+		return nil, err
+	case c.CRC && !has:
+		return nil, errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)
+	}
 	if r.Seq != c.Seq+1 || r.Prev != c.Hash {
 		return nil, fmt.Errorf("seq %d does not continue the hash chain after seq %d", r.Seq, c.Seq)
 	}
-	c.Seq, c.Hash = r.Seq, lineHash(line)
+	c.Seq, c.Hash, c.CRC = r.Seq, lineHash(line), has
 	return &r, nil
+}
+
+// crcField begins the checksum field that ends each line runstate writes:
+// ,"crc":"<8 lowercase hex digits>"}, the CRC-32C of the bytes before it.
+const crcField = `,"crc":"`
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checkCRC reports whether line (a record) has a crc field, and an error
+// when the field is not the line's last or does not match its bytes.
+func checkCRC(line []byte) (has bool, err error) {
+	n := len(line) - len(crcField) - 8 - len(`"}`)
+	if n >= 1 && string(line[n:n+len(crcField)]) == crcField && string(line[len(line)-2:]) == `"}` {
+		want := string(line[n+len(crcField) : len(line)-2])
+		if got := fmt.Sprintf("%08x", crc32.Checksum(line[:n], castagnoli)); got != want {
+			return true, fmt.Errorf("checksum %s does not match the line's bytes (%s): the line changed after it was written (a flipped bit?)", want, got)
+		}
+		return true, nil
+	}
+	var f struct {
+		CRC json.RawMessage `json:"crc"`
+	}
+	if json.Unmarshal(line, &f) == nil && f.CRC != nil {
+		return true, errors.New(`the "crc" field is not the line's last, as runstate writes it (the line was rewritten?)`)
+	}
+	return false, nil
 }
 
 // errNotRecord: a line that is not a ledger record.

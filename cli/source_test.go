@@ -186,3 +186,53 @@ func TestAWorkingDirectoryLeadsToItsRun(t *testing.T) {
 	res := readCLI(t, run, "status", run)
 	assert.Equal(t, exitBlocked, res.code, res.err)
 }
+
+// export and log -follow check each line's crc, as every reader of the
+// library does: a flipped bit in the last line (which no later prev
+// covers), a crc field dropped or moved, are damage, not records.
+func TestExportAndFollowCheckEachLinesCRC(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(last string) string // the last line, without '\n'
+		want string
+	}{
+		{"flipped bit", func(l string) string { return strings.Replace(l, `"ev":"close"`, `"ev":"closf"`, 1) },
+			"checksum "},
+		{"crc dropped", func(l string) string { return l[:strings.LastIndex(l, `,"crc":"`)] + "}" },
+			`no "crc" field, though the line before has one`},
+		{"crc moved", func(l string) string {
+			i := strings.LastIndex(l, `,"crc":"`)
+			return `{"crc":"` + l[i+len(`,"crc":"`):len(l)-1] + "," + l[1:i] + "}"
+		}, `the "crc" field is not the line's last`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := finishedRun(t)
+			lines := ledgerLines(t, dir)
+			n := len(lines)
+			last := strings.TrimSuffix(lines[n-1], "\n")
+			require.Contains(t, last, `"ev":"close"`)
+			lines[n-1] = tc.edit(last) + "\n"
+			var before int64
+			for _, l := range lines[:n-1] {
+				before += int64(len(l))
+			}
+			where := fmt.Sprintf("%s line %d (byte %d): ", ledgerPath(dir), n, before)
+
+			// follow from the line before: the edited line comes as an append.
+			require.NoError(t, os.WriteFile(ledgerPath(dir), []byte(strings.Join(lines[:n-1], "")), 0o644))
+			f := follow(t, dir)
+			for range n - 1 {
+				f.next(t)
+			}
+			appendDamage(t, dir, lines[n-1])
+			assert.Equal(t, exitFail, f.exit(t), "log -follow")
+			assert.Contains(t, f.errb.String(), where+tc.want)
+			assert.Empty(t, f.lines, "the damaged line was not shown")
+
+			res := readCLI(t, dir, "export", dir)
+			assert.Equal(t, 1, res.code, "export")
+			assert.Contains(t, res.err, where+tc.want)
+			assert.Equal(t, strings.Join(lines[:n-1], ""), res.out, "the lines before the damage")
+		})
+	}
+}
