@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,7 +51,8 @@ the library's Do:
     output and error go to exec's, and also to DIR/exec/STAGE.stdout and
     DIR/exec/STAGE.stderr, which are outputs of the stage (a "/" in STAGE
     makes subdirectories; other characters than letters, digits, ".", "_"
-    and "-" are %XX-escaped).
+    and "-" are %XX-escaped; a part that would make a file name longer
+    than 255 bytes keeps its start and ends in "~" and a hash of STAGE).
   - Exit 0: every -out PATH must exist; the stage completes with the
     outputs and their hashes, durably. Non-zero: the stage fails
     (retryable, unless -person-exit or -fatal-exit names the status) and
@@ -290,7 +293,9 @@ func beginStatus(err error) int {
 // stdPath is where exec keeps the stream ("stdout" or "stderr") of stage,
 // relative to the run directory: exec/STAGE.stdout. Each "/"-separated part
 // of the name keeps letters, digits, ".", "_" and "-" and escapes other
-// bytes as %XX; a name with an empty, "." or ".." part is one flat file.
+// bytes as %XX; a name with an empty, "." or ".." part is one flat file. A
+// part whose file name would be longer than maxFileName bytes keeps a
+// readable prefix and ends in "~" and a hash of the whole stage name.
 func stdPath(stage, stream string) string {
 	flat := false
 	for part := range strings.SplitSeq(stage, "/") {
@@ -298,21 +303,66 @@ func stdPath(stage, stream string) string {
 			flat = true
 		}
 	}
+	parts := []string{stage}
+	if !flat {
+		parts = strings.Split(stage, "/")
+	}
 	var b strings.Builder
 	b.WriteString("exec/")
-	for i := 0; i < len(stage); i++ {
-		ch := stage[i]
+	for i, part := range parts {
+		name := escapeName(part)
+		room := maxFileName
+		if i == len(parts)-1 {
+			room -= len("." + stream)
+		} else {
+			name += "/"
+			room++
+		}
+		b.WriteString(shorten(name, room, stage))
+	}
+	b.WriteString("." + stream)
+	return b.String()
+}
+
+// maxFileName is the longest file name exec makes: most file systems
+// refuse more than 255 bytes.
+const maxFileName = 255
+
+// escapeName keeps letters, digits, ".", "_" and "-" of s and escapes
+// other bytes as %XX.
+func escapeName(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
 		switch {
-		case ch == '/' && !flat,
-			'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9',
 			ch == '.', ch == '_', ch == '-':
 			b.WriteByte(ch)
 		default:
 			fmt.Fprintf(&b, "%%%02X", ch)
 		}
 	}
-	b.WriteString("." + stream)
 	return b.String()
+}
+
+// shorten returns name (escaped) when it has at most room bytes, else its
+// first bytes, not cutting an escape, then "~" and 16 hex digits of the
+// SHA-256 of stage, room bytes in all. A trailing "/" is kept.
+func shorten(name string, room int, stage string) string {
+	if len(name) <= room {
+		return name
+	}
+	slash := ""
+	if strings.HasSuffix(name, "/") {
+		name, slash, room = name[:len(name)-1], "/", room-1
+	}
+	sum := sha256.Sum256([]byte(stage))
+	tag := "~" + hex.EncodeToString(sum[:8])
+	cut := room - len(tag)
+	if i := strings.LastIndexByte(name[:cut], '%'); i >= cut-2 && i >= 0 {
+		cut = i // do not split %XX
+	}
+	return name[:cut] + tag + slash
 }
 
 func (c *cli) exec(o *execOptions) int {

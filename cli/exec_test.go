@@ -151,6 +151,36 @@ func TestStdPath(t *testing.T) {
 	} {
 		assert.Equal(t, want, stdPath(stage, "stdout"), stage)
 	}
+	// Names whose file name would pass 255 bytes keep a prefix and a hash.
+	long := strings.Repeat("a", 256)
+	for stage, prefix := range map[string]string{
+		long:                            "exec/" + strings.Repeat("a", 255-len(".stdout")-17) + "~",
+		long[:255] + "b":                "exec/" + strings.Repeat("a", 255-len(".stdout")-17) + "~",
+		strings.Repeat("é", 128):        "exec/" + strings.Repeat("%C3%A9", 38) + "%C3~",
+		strings.Repeat(" ", 100) + "/y": "exec/" + strings.Repeat("%20", 79) + "~",
+	} {
+		p := stdPath(stage, "stdout")
+		assert.True(t, strings.HasPrefix(p, prefix), "%s: %s", stage, p)
+		for part := range strings.SplitSeq(p, "/") {
+			assert.LessOrEqual(t, len(part), 255, p)
+		}
+	}
+	assert.NotEqual(t, stdPath(long, "stdout"), stdPath(long[:255]+"b", "stdout"), "the hash tells them apart")
+}
+
+// A stage name of the longest kind the library takes (256 bytes), whose
+// escaped file name would be longer than a file system allows, runs: its
+// output files have shortened names.
+func TestExecLongStageName(t *testing.T) {
+	for _, stage := range []string{strings.Repeat("s", 256), strings.Repeat("é", 128)} {
+		dir, _ := shellRun(t, "plan")
+		r := execCLI(t, dir, stage, nil, "echo", "hi")
+		require.Equal(t, 0, r.code, r.err)
+		assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, stage).State)
+		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(stdPath(stage, "stdout"))))
+		require.NoError(t, err)
+		assert.Equal(t, "hi\n", string(b))
+	}
 }
 
 // A failing command fails the stage with its exit status; -person-exit and
