@@ -21,7 +21,7 @@ const maxReceipt = 1 << 20
 var effectCmd = &command{
 	name:     "effect",
 	dirOnly:  true,
-	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] -- CMD [ARGS...]",
+	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
 	short:    "perform a side effect once: intent before, receipt after",
 	long: `Effect performs the side effect KEY of the run in DIR once, across every
 session, with the guarantees of the library's Run.Effect:
@@ -56,16 +56,19 @@ is recorded).`,
 		check := fs.String("check", "", "`CMD`: a shell command that exits 0 and prints the receipt when the effect landed, 1 when it did not")
 		payload := fs.String("payload", "", "`TEXT`: the effect's request, recorded with the intent (JSON, or text)")
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			defer survivePipe()()
 			if _, err := exec.LookPath(args[2]); err != nil {
 				return c.failWith(exitNotFound, fmt.Errorf("effect %s: command %s: %v; install it or fix PATH (nothing was recorded)", args[1], quoteArg(args[2]), errors.Unwrap(err)))
 			}
-			r, code := c.openRun("effect", args[0], *request, 0)
+			r, code := c.openRun("effect", args[0], *request, 0, *timeout)
 			if r == nil {
 				return code
 			}
-			e := shellEffect{dir: r.Dir(), run: r.ID(), key: args[1], argv: args[2:], check: *check, errw: c.err}
+			wait := newLockWait(*timeout)
+			defer wait.stop()
+			e := shellEffect{dir: r.Dir(), run: r.ID(), key: args[1], argv: args[2:], check: *check, errw: c.err, wait: wait}
 			return c.closeRun(r, c.effect(r, &e, *payload))
 		}
 	},
@@ -77,6 +80,7 @@ type shellEffect struct {
 	argv          []string
 	check         string
 	errw          interface{ Write([]byte) (int, error) }
+	wait          *lockWait // Effect's context: paused while a command runs
 	did, found    bool // Do ran; Check found the effect
 }
 
@@ -123,6 +127,8 @@ func (e *shellEffect) checkFn(ctx context.Context, full string) (json.RawMessage
 }
 
 func (e *shellEffect) capture(argv []string, full string) ([]byte, procResult) {
+	e.wait.pause()
+	defer e.wait.resume()
 	out := &limitedBuffer{max: maxReceipt}
 	res := runProc(proc{argv: argv, env: e.env(full), stdout: out, stderr: e.errw})
 	if res.err == nil && out.over > 0 {
@@ -144,7 +150,7 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 			fmt.Fprintf(c.err, "runstate effect: %s: confirmed at seq %d: not sent again\n", e.key, es.Seq)
 		}
 	}
-	rec, err := r.Effect(context.Background(), e.key, eff)
+	rec, err := r.Effect(e.wait, e.key, eff)
 	switch {
 	case errors.Is(err, runstate.ErrBusy):
 		return c.failWith(exitBusy, err)

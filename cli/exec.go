@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -34,7 +33,7 @@ const (
 var execCmd = &command{
 	name:     "exec",
 	dirOnly:  true,
-	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] -- CMD [ARGS...]",
+	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
 	short:    "run a command as a stage: skipped when done and its evidence holds",
 	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of
 the library's Do:
@@ -89,8 +88,9 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 		maxAttempts := fs.Int("max-attempts", 0, "`N` retryable failures before the stage awaits a person (default 3)")
 		personExit := fs.String("person-exit", "", "`CODES`: comma-separated exit statuses that need a person (the stage awaits approve)")
 		fatalExit := fs.String("fatal-exit", "", "`CODES`: comma-separated exit statuses that are final (the stage fails fatally)")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
-			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts}
+			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts, timeout: *timeout}
 			var err error
 			if o.person, err = exitCodes(*personExit); err != nil {
 				return c.usageError("exec", "-person-exit: "+err.Error())
@@ -229,18 +229,20 @@ type execOptions struct {
 	inputs        []runstate.Input
 	outs          []string // relative to dir, slash-separated
 	person, fatal []int
+	timeout       time.Duration // -timeout: the bound of each wait for the ledger lock
 }
 
-// openRun opens the run in dir for a pipeline command. Without request, dir
-// must hold a run already: Open would create one. The second result is the
-// exit status when the first is nil.
-func (c *cli) openRun(name, dir, request string, maxAttempts int) (*runstate.Run, int) {
+// openRun opens the run in dir for a pipeline command, waiting at most
+// timeout for the ledger lock in Open, Close and a stage's end (zero: for
+// ever). Without request, dir must hold a run already: Open would create
+// one. The second result is the exit status when the first is nil.
+func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.Duration) (*runstate.Run, int) {
 	if request == "" {
 		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
 			return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, filepath.Join(dir, "logs", "ledger.jsonl")))
 		}
 	}
-	r, err := runstate.Open(dir, &runstate.Options{Request: request, MaxAttempts: maxAttempts})
+	r, err := runstate.Open(dir, &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout})
 	if err != nil {
 		return nil, c.failWith(exitRunstate, err)
 	}
@@ -367,16 +369,17 @@ func shorten(name string, room int, stage string) string {
 
 func (c *cli) exec(o *execOptions) int {
 	defer survivePipe()()
-	ctx := context.Background()
-	r, code := c.openRun("exec", o.dir, o.request, o.maxAttempts)
+	r, code := c.openRun("exec", o.dir, o.request, o.maxAttempts, o.timeout)
 	if r == nil {
 		return code
 	}
-	return c.closeRun(r, c.execStage(ctx, r, o))
+	return c.closeRun(r, c.execStage(r, o))
 }
 
-func (c *cli) execStage(ctx context.Context, r *runstate.Run, o *execOptions) int {
+func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
+	ctx, cancel := lockCtx(o.timeout)
 	st, err := r.Begin(ctx, o.stage, o.inputs...)
+	cancel() // the attempt's own context does not end with it
 	if errors.Is(err, runstate.ErrDone) {
 		fmt.Fprintf(c.err, "runstate exec: %s: skipped: %s\n", o.stage, doneWhy(stageOf(r, o.stage)))
 		return exitOK

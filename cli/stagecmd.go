@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/runstate/runstate"
 )
@@ -14,7 +15,7 @@ import (
 var planCmd = &command{
 	name:     "plan",
 	dirOnly:  true,
-	synopsis: "DIR STAGE... [-request TEXT]",
+	synopsis: "DIR STAGE... [-request TEXT] [-timeout D]",
 	short:    "record the stages a pipeline has, in order",
 	long: `Plan records the work that exists in the run in DIR: the stages, in order,
 that status, next and ls count as done and remaining. Planning the same
@@ -24,8 +25,9 @@ it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
 	min: 2, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
-			return c.pipeline("plan", args[0], *request, func(ctx context.Context, r *runstate.Run) (string, error) {
+			return c.pipeline("plan", args[0], *request, *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
 				old := statusOf(r).Plan
 				if err := r.Plan(ctx, args[1:]...); err != nil {
 					return "", err
@@ -42,7 +44,7 @@ it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
 var skipCmd = &command{
 	name:     "skip",
 	dirOnly:  true,
-	synopsis: "DIR STAGE -reason TEXT",
+	synopsis: "DIR STAGE -reason TEXT [-timeout D]",
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
 it counts as done, and exec skips it. A stage that is done already is left
@@ -50,11 +52,12 @@ as it is (nothing recorded). The record is durable when skip returns.`,
 	min: 2, max: 2,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		reason := fs.String("reason", "", "`TEXT`: why the stage is not needed (required)")
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*reason) == "" {
 				return c.usageError("skip", "-reason TEXT is required")
 			}
-			return c.pipeline("skip", args[0], "", func(ctx context.Context, r *runstate.Run) (string, error) {
+			return c.pipeline("skip", args[0], "", *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
 				s, _ := statusOf(r).Stage(args[1])
 				if s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
 					return fmt.Sprintf("stage %s is %s already: nothing recorded", args[1], s.State), nil
@@ -68,7 +71,7 @@ as it is (nothing recorded). The record is durable when skip returns.`,
 var awaitCmd = &command{
 	name:     "await",
 	dirOnly:  true,
-	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D]",
+	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-timeout D]",
 	short:    "a stage that a person must approve: exit 0 once approved",
 	long: `Await makes STAGE of the run in DIR a person's review: the first time, it
 begins the stage with the evidence given (as exec's flags), records the -out
@@ -90,6 +93,7 @@ record it.`,
 		reason := fs.String("reason", "", "`TEXT`: what the person is asked to review or decide (required)")
 		var ev evidenceFlags
 		ev.register(fs)
+		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*reason) == "" {
 				return c.usageError("await", "-reason TEXT is required")
@@ -98,19 +102,20 @@ record it.`,
 			if err != nil {
 				return c.usageError("await", err.Error())
 			}
-			return c.await(args[0], args[1], *reason, inputs, outs)
+			return c.await(args[0], args[1], *reason, inputs, outs, *timeout)
 		}
 	},
 }
 
-func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []string) int {
+func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []string, timeout time.Duration) int {
 	defer survivePipe()()
-	r, code := c.openRun("await", dir, "", 0)
+	r, code := c.openRun("await", dir, "", 0, timeout)
 	if r == nil {
 		return code
 	}
-	ctx := context.Background()
+	ctx, cancel := lockCtx(timeout)
 	st, err := r.Begin(ctx, stage, inputs...)
+	cancel()
 	switch {
 	case errors.Is(err, runstate.ErrDone):
 		fmt.Fprintf(c.err, "runstate await: %s: approved: %s\n", stage, doneWhy(stageOf(r, stage)))
@@ -132,13 +137,16 @@ func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []s
 }
 
 // pipeline opens the run in dir (creating it with request), calls fn,
-// closes the session and prints what fn did.
-func (c *cli) pipeline(name, dir, request string, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
-	r, code := c.openRun(name, dir, request, 0)
+// closes the session and prints what fn did; each step waits at most
+// timeout for the ledger lock (zero: for ever).
+func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+	r, code := c.openRun(name, dir, request, 0, timeout)
 	if r == nil {
 		return code
 	}
-	what, err := fn(context.Background(), r)
+	ctx, cancel := lockCtx(timeout)
+	what, err := fn(ctx, r)
+	cancel()
 	if err != nil {
 		code := exitFail
 		if errors.Is(err, runstate.ErrInvalid) {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,10 +26,19 @@ func TestWritingCommandsGiveUpOnAHeldLockAndNameTheHolder(t *testing.T) {
 		{"approve", dir, "execute", "-by", "reviewer", "-timeout", "300ms"},
 		{"invalidate", dir, "plan", "-reason", "re-scoped", "-timeout", "300ms"},
 		{"repair", "-timeout", "300ms", dir},
+		{"exec", dir, "verify", "-timeout", "300ms", "--", "true"},
+		{"plan", dir, "a", "b", "-timeout", "300ms"},
+		{"skip", dir, "verify", "-reason", "not needed", "-timeout", "300ms"},
+		{"await", dir, "verify", "-reason", "read it", "-timeout", "300ms"},
+		{"effect", dir, "notify", "-timeout", "300ms", "--", "true"},
 	} {
 		start := time.Now()
 		res := runCLI(t, args...)
-		assert.Equal(t, exitFail, res.code, "runstate %v: %s", args, res.err)
+		want := exitFail
+		if lookup(args[0]).dirOnly && args[0] != "repair" { // the pipeline commands
+			want = exitRunstate
+		}
+		assert.Equal(t, want, res.code, "runstate %v: %s", args, res.err)
 		assert.Less(t, time.Since(start), 10*time.Second, "runstate %v", args)
 		assert.Contains(t, res.err, "gave up waiting for "+filepath.Join(dir, "logs", "ledger.lock"), "runstate %v", args)
 		if runtime.GOOS == "linux" {
@@ -36,5 +46,27 @@ func TestWritingCommandsGiveUpOnAHeldLockAndNameTheHolder(t *testing.T) {
 		}
 	}
 	assert.Equal(t, before, tree(t, dir), "nothing was written")
-	assert.Contains(t, runCLI(t, "approve", "-h").out, "-timeout")
+	for _, name := range []string{"approve", "exec", "plan", "skip", "await", "effect"} {
+		assert.Contains(t, runCLI(t, "help", name).out, "[-timeout D]", name)
+	}
+}
+
+// lockWait ends timeout after it was made or resumed, never while paused.
+func TestLockWaitPausesWhileACommandRuns(t *testing.T) {
+	w := newLockWait(50 * time.Millisecond)
+	defer w.stop()
+	w.pause()
+	select {
+	case <-w.Done():
+		t.Fatal("ended while paused")
+	case <-time.After(150 * time.Millisecond):
+	}
+	require.NoError(t, w.Err())
+	w.resume()
+	select {
+	case <-w.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not end after resume")
+	}
+	assert.ErrorIs(t, w.Err(), context.DeadlineExceeded)
 }
