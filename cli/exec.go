@@ -101,8 +101,16 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 			if *maxAttempts < 0 {
 				return c.usageError("exec", "-max-attempts must be positive")
 			}
+			if err := checkStageName(o.stage); err != nil {
+				return c.usageError("exec", err.Error())
+			}
 			if o.inputs, o.outs, err = ev.resolve(o.dir); err != nil {
 				return c.usageError("exec", err.Error())
+			}
+			for _, p := range o.outs {
+				if p == stdPath(o.stage, "stdout") || p == stdPath(o.stage, "stderr") {
+					return c.usageError("exec", fmt.Sprintf("-out %s is where exec keeps the command's output (an output already); drop it", filepath.Join(o.dir, filepath.FromSlash(p))))
+				}
 			}
 			return c.exec(&o)
 		}
@@ -167,8 +175,8 @@ func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) 
 		inputs = append(inputs, runstate.Value(name, val))
 	}
 	for _, s := range e.after {
-		if s == "" {
-			return nil, nil, errors.New("-after needs a stage name")
+		if err := checkStageName(s); err != nil {
+			return nil, nil, fmt.Errorf("-after: %v", err)
 		}
 		inputs = append(inputs, runstate.After(s))
 	}
@@ -184,9 +192,23 @@ func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) 
 		if err != nil {
 			return nil, nil, err
 		}
+		first, nested, _ := strings.Cut(rel, "/")
+		if strings.EqualFold(first, "logs") || nested == "" && strings.EqualFold(first, "manifest.json") {
+			return nil, nil, fmt.Errorf("-out %s is one of runstate's own files (logs/ and manifest.json); write the output elsewhere in the run directory", p)
+		}
 		outs = append(outs, rel)
 	}
 	return inputs, outs, nil
+}
+
+// checkStageName refuses a stage name the library would refuse, before
+// anything is recorded.
+func checkStageName(name string) error {
+	if err := runstate.CheckName("stage name", name); err != nil {
+		msg := strings.TrimPrefix(err.Error(), runstate.ErrInvalid.Error()+": ")
+		return fmt.Errorf("%s; choose another name", msg)
+	}
+	return nil
 }
 
 // insideDir returns p relative to dir, or an error when p (as the shell

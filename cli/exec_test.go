@@ -268,6 +268,18 @@ func TestExecUsageErrorsRecordNothing(t *testing.T) {
 		{[]string{"skip", dir, "a"}, "-reason TEXT is required"},
 		{[]string{"await", dir, "a"}, "-reason TEXT is required"},
 		{[]string{"plan", filepath.Join(work, "none"), "a"}, "holds no run"},
+		// What the library would refuse once the run is open: refused first.
+		{[]string{"exec", dir, strings.Repeat("s", 300), "--", "true"}, "must be valid UTF-8 of at most 256 bytes; choose another name"},
+		{[]string{"exec", dir, "a\x01b", "--", "true"}, "has a control character; choose another name"},
+		{[]string{"exec", dir, "a", "-after", " b", "--", "true"}, "-after: stage name \" b\" starts or ends with a space"},
+		{[]string{"exec", dir, "a", "-out", filepath.Join(dir, "logs", "x"), "--", "true"}, "is one of runstate's own files"},
+		{[]string{"exec", dir, "a", "-out", filepath.Join(dir, "Manifest.json"), "--", "true"}, "is one of runstate's own files"},
+		{[]string{"exec", dir, "a", "-out", filepath.Join(dir, "exec", "a.stderr"), "--", "true"}, "is where exec keeps the command's output"},
+		{[]string{"await", dir, "a\nb", "-reason", "r"}, "has a control character"},
+		{[]string{"await", dir, "a", "-reason", "r", "-out", filepath.Join(dir, "logs")}, "is one of runstate's own files"},
+		{[]string{"skip", dir, "a\tb", "-reason", "r"}, "has a control character"},
+		{[]string{"plan", dir, "a", "b\x7f"}, "has a control character"},
+		{[]string{"plan", dir, "a", "b", "a"}, "stage a is named twice"},
 	} {
 		before := tree(t, work)
 		r := runCLI(t, tc.args...)

@@ -27,6 +27,14 @@ it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
 		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
+			for i, name := range args[1:] {
+				if err := checkStageName(name); err != nil {
+					return c.usageError("plan", err.Error())
+				}
+				if slices.Contains(args[1:i+1], name) {
+					return c.usageError("plan", fmt.Sprintf("stage %s is named twice; name each stage once", quoteArg(name)))
+				}
+			}
 			return c.pipeline("plan", args[0], *request, *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
 				old := statusOf(r).Plan
 				if err := r.Plan(ctx, args[1:]...); err != nil {
@@ -56,6 +64,9 @@ as it is (nothing recorded). The record is durable when skip returns.`,
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*reason) == "" {
 				return c.usageError("skip", "-reason TEXT is required")
+			}
+			if err := checkStageName(args[1]); err != nil {
+				return c.usageError("skip", err.Error())
 			}
 			return c.pipeline("skip", args[0], "", *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
 				s, _ := statusOf(r).Stage(args[1])
@@ -97,6 +108,9 @@ record it.`,
 		return func(c *cli, args []string) int {
 			if strings.TrimSpace(*reason) == "" {
 				return c.usageError("await", "-reason TEXT is required")
+			}
+			if err := checkStageName(args[1]); err != nil {
+				return c.usageError("await", err.Error())
 			}
 			inputs, outs, err := ev.resolve(args[0])
 			if err != nil {
