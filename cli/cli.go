@@ -207,6 +207,13 @@ func (c *cli) fail(err error) int {
 	return exitFail
 }
 
+// notef prints a message on standard error, one line: the names, reasons
+// and paths in it may come from a record, so what could act on a terminal
+// is escaped (escape.Page).
+func (c *cli) notef(format string, args ...any) {
+	fmt.Fprintln(c.err, escape.Page(fmt.Sprintf(format, args...)))
+}
+
 func (c *cli) usage() string {
 	var b strings.Builder
 	b.WriteString(`runstate shows and operates run directories written by the runstate library.

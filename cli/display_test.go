@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -305,5 +306,38 @@ func TestAsTypedNamesEveryArgumentThatIsTheRun(t *testing.T) {
 		"runstate repair /r/a/x":                              "runstate repair /r/a/x",
 	} {
 		assert.Equal(t, want, asTyped(text, "/r/a", "run"), text)
+	}
+}
+
+// The pipeline commands and ls print names, reasons and directories that
+// may come from a record or a file name: escaped, as every read command
+// escapes them.
+func TestPipelineCommandsAndLsNeverDriveTheTerminal(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the commands these tests run are sh scripts")
+	}
+	dir := hostileRun(t)
+	stage2 := "new\u202etxt.exe"
+	key2 := "mail\u202e2"
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr or stdout, escaped
+	}{
+		{[]string{"exec", dir, "verify", "--", "true"}, `skipped: the stage was skipped (not needed \u009b2J)`},
+		{[]string{"exec", dir, stage2, "--", "true"}, `runstate exec: new\u202etxt.exe: running (attempt 1)`},
+		{[]string{"exec", dir, stage2, "--", "true"}, `runstate exec: new\u202etxt.exe: skipped`},
+		{[]string{"exec", dir, "x\u202e", "--", "sh", "-c", "exit 3"}, `runstate exec: x\u202e: failed (attempt 1)`},
+		{[]string{"await", dir, "rev\u202e", "-reason", "look\u202e"}, `rev\u202e awaits a person: look\u202e`},
+		{[]string{"skip", dir, "s\u202e", "-reason", "r"}, `skipped stage s\u202e (ledger seq`},
+		{[]string{"plan", dir, "inspect", "review", hostileStage, "p\u202e"}, `evil\u202etxt.exe, p\u202e (ledger seq`},
+		{[]string{"effect", dir, key2, "--", "printf", "\"sent\u202e\""}, `"sent\u202e"`},
+		{[]string{"effect", dir, key2, "--", "true"}, `runstate effect: mail\u202e2: confirmed at seq`},
+		{[]string{"ls", filepath.Dir(dir)}, `run\x1b[2J`},
+	} {
+		res := runCLI(t, tc.args...)
+		name := "runstate " + strings.Join(tc.args[:2], " ")
+		assertInert(t, name+" (stdout)", res.out)
+		assertInert(t, name+" (stderr)", res.err)
+		assert.Contains(t, res.out+res.err, tc.want, name)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"runtime"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 // maxReceipt bounds the receipt a command may print.
@@ -147,7 +148,7 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 	}
 	for _, es := range statusOf(r).Effects {
 		if es.Key == e.key && es.State == runstate.EffectConfirmed {
-			fmt.Fprintf(c.err, "runstate effect: %s: confirmed at seq %d: not sent again\n", e.key, es.Seq)
+			c.notef("runstate effect: %s: confirmed at seq %d: not sent again", e.key, es.Seq)
 		}
 	}
 	rec, err := r.Effect(e.wait, e.key, eff)
@@ -162,13 +163,14 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 		return c.failWith(exitRunstate, err)
 	}
 	if e.found && !e.did {
-		fmt.Fprintf(c.err, "runstate effect: %s: the check found that it landed: confirmed, not sent again\n", e.key)
+		c.notef("runstate effect: %s: the check found that it landed: confirmed, not sent again", e.key)
 	}
 	var b bytes.Buffer
 	if json.Compact(&b, rec) != nil {
 		b.Reset()
 		b.Write(rec)
 	}
-	fmt.Fprintf(c.out, "%s\n", b.Bytes())
+	b.WriteByte('\n')
+	c.out.Write(escape.JSON(b.Bytes())) // the same JSON values, nothing a terminal acts on
 	return exitOK
 }

@@ -403,13 +403,13 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 	st, err := r.Begin(ctx, o.stage, o.inputs...)
 	cancel() // the attempt's own context does not end with it
 	if errors.Is(err, runstate.ErrDone) {
-		fmt.Fprintf(c.err, "runstate exec: %s: skipped: %s\n", o.stage, doneWhy(stageOf(r, o.stage)))
+		c.notef("runstate exec: %s: skipped: %s", o.stage, doneWhy(stageOf(r, o.stage)))
 		return exitOK
 	}
 	if err != nil {
 		return c.failWith(beginStatus(err), inDir(err, r.Dir()))
 	}
-	fmt.Fprintf(c.err, "runstate exec: %s: running (attempt %d): %s\n", o.stage, st.Attempt(), oneLine(st.Reason(), 200))
+	c.notef("runstate exec: %s: running (attempt %d): %s", o.stage, st.Attempt(), oneLine(st.Reason(), 200))
 
 	abs, err := filepath.Abs(r.Dir())
 	if err != nil {
@@ -444,7 +444,7 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		}
 		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; %s, then run exec again", quoteArg(o.argv[0]), res.err, advice))
 	case res.forwarded != nil && res.code != 0:
-		fmt.Fprintf(c.err, "runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again\n", o.stage, res.forwarded, st.Attempt())
+		c.notef("runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again", o.stage, res.forwarded, st.Attempt())
 		return res.code
 	case res.err != nil:
 		return c.endStage(st, exitRunstate, fmt.Errorf("keeping the output of %s: %w", quoteArg(o.argv[0]), res.err))
@@ -466,7 +466,7 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		case runstate.StateFatal:
 			then = fmt.Sprintf("; that is final: fix the cause, then runstate invalidate %s %s -reason TEXT", quoteArg(r.Dir()), quoteArg(o.stage))
 		}
-		fmt.Fprintf(c.err, "runstate exec: %s: failed (attempt %d): %v%s\n", o.stage, st.Attempt(), err, then)
+		c.notef("runstate exec: %s: failed (attempt %d): %v%s", o.stage, st.Attempt(), err, then)
 		return res.code
 	}
 	for _, p := range o.outs {
@@ -526,7 +526,7 @@ func stageOf(r *runstate.Run, stage string) runstate.StageStatus {
 // doneWhy says why a stage that Begin found done is not run again.
 func doneWhy(s runstate.StageStatus) string {
 	if s.State == runstate.StateSkipped {
-		return "the stage was skipped (" + s.Reason + ")"
+		return "the stage was skipped (" + oneLine(s.Reason, 200) + ")"
 	}
 	return fmt.Sprintf("complete since seq %d (attempt %d, %s) and its evidence holds: the same %d input(s), %d output(s) as recorded",
 		s.DoneSeq, s.Attempt, s.DoneAt.UTC().Format(time.RFC3339), len(s.Inputs), len(s.Outputs))

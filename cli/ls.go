@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var lsCmd = &command{
@@ -171,7 +172,7 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		if !r.LastRecord.IsZero() {
 			age = ago(now.Sub(r.LastRecord)) + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\n", r.Dir, oneLine(r.Request, 40), r.Done, r.Planned, r.State, blocker, age)
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\n", escape.Text(r.Dir), oneLine(r.Request, 40), r.Done, r.Planned, r.State, blocker, age)
 	}
 	tw.Flush()
 	return code

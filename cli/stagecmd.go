@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/internal/escape"
 )
 
 var planCmd = &command{
@@ -132,7 +133,7 @@ func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []s
 	cancel()
 	switch {
 	case errors.Is(err, runstate.ErrDone):
-		fmt.Fprintf(c.err, "runstate await: %s: approved: %s\n", stage, doneWhy(stageOf(r, stage)))
+		c.notef("runstate await: %s: approved: %s", stage, doneWhy(stageOf(r, stage)))
 		return c.closeRun(r, exitOK)
 	case err != nil:
 		return c.closeRun(r, c.failWith(beginStatus(err), inDir(err, dir)))
@@ -146,7 +147,7 @@ func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []s
 	if !errors.Is(err, runstate.ErrNeedsPerson) {
 		return c.closeRun(r, c.endStage(st, exitRunstate, err))
 	}
-	fmt.Fprintf(c.err, "runstate await: %s awaits a person: %s; clear it with: runstate approve %s %s -by NAME\n", stage, reason, quoteArg(dir), quoteArg(stage))
+	c.notef("runstate await: %s awaits a person: %s; clear it with: runstate approve %s %s -by NAME", stage, reason, quoteArg(dir), quoteArg(stage))
 	return c.closeRun(r, exitPerson)
 }
 
@@ -172,7 +173,7 @@ func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func
 	if code := c.closeRun(r, exitOK); code != exitOK {
 		return code
 	}
-	fmt.Fprintf(c.out, "%s (ledger seq %d in %s)\n", what, seq, dir)
+	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s (ledger seq %d in %s)", what, seq, dir)))
 	return exitOK
 }
 
