@@ -50,8 +50,10 @@ refused. DIR must hold a run, unless -request TEXT creates it.
 Exit status: 0 the receipt is printed (sent now, found by the check, or
 stored); 2 a usage error (nothing recorded); 121 another live session
 attempts KEY; 122 the effect is unconfirmed: a person must resolve it; 125
-runstate could not record it; 127 CMD was not found (checked before anything
-is recorded).`,
+runstate could not record it; 126 CMD was found but could not be started
+(a bad #! line, no execute permission): it did not run, and is recorded as
+not sent, so the next effect sends it; 127 CMD was not found (checked
+before anything is recorded).`,
 	min: 2, max: 2, argv: true,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		check := fs.String("check", "", "`CMD`: a shell command that exits 0 and prints the receipt when the effect landed, 1 when it did not")
@@ -82,7 +84,8 @@ type shellEffect struct {
 	check         string
 	errw          interface{ Write([]byte) (int, error) }
 	wait          *lockWait // Effect's context: paused while a command runs
-	did, found    bool // Do ran; Check found the effect
+	did, found    bool      // Do ran; Check found the effect
+	notStarted    error     // Do's command could not be started: it did not run
 }
 
 func (e *shellEffect) env(full string) []string {
@@ -99,6 +102,9 @@ func (e *shellEffect) do(ctx context.Context, full string) (json.RawMessage, err
 	e.did = true
 	out, res := e.capture(e.argv, full)
 	switch {
+	case !res.started:
+		e.notStarted = res.err
+		return nil, fmt.Errorf("command %s could not be started: %w", quoteArg(e.argv[0]), res.err)
 	case res.err != nil:
 		return nil, fmt.Errorf("command %s: %w", quoteArg(e.argv[0]), res.err)
 	case res.code != 0:
@@ -155,6 +161,8 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 	switch {
 	case errors.Is(err, runstate.ErrBusy):
 		return c.failWith(exitBusy, err)
+	case errors.Is(err, runstate.ErrUnconfirmed) && e.notStarted != nil:
+		return c.notStarted(r, e)
 	case errors.Is(err, runstate.ErrUnconfirmed):
 		return c.failWith(exitPerson, inDir(err, r.Dir()))
 	case errors.Is(err, runstate.ErrInvalid):
@@ -173,4 +181,19 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 	b.WriteByte('\n')
 	c.out.Write(escape.JSON(b.Bytes())) // the same JSON values, nothing a terminal acts on
 	return exitOK
+}
+
+// notStarted settles an effect whose command could not be started (a bad
+// #! line, no execute permission): it did not run, so it cannot have
+// landed. The library recorded it as unconfirmed, as for any failed Do;
+// it is resolved as not sent, durably, so that the next effect sends it.
+func (c *cli) notStarted(r *runstate.Run, e *shellEffect) int {
+	err := r.Resolve(e.wait, e.key, runstate.Resolution{By: "runstate effect",
+		Note: "the command could not be started, so it did not run: " + e.notStarted.Error()})
+	if err != nil {
+		return c.failWith(exitPerson, fmt.Errorf("effect %s: command %s could not be started (%v), but recording that it was not sent failed: %w; resolve it with: runstate resolve %s %s -not-sent -by NAME",
+			e.key, quoteArg(e.argv[0]), e.notStarted, err, quoteArg(r.Dir()), quoteArg(e.key)))
+	}
+	return c.failWith(exitCannot, fmt.Errorf("effect %s: command %s could not be started: %v; it did not run (recorded as not sent): check that it is an executable file and that its #! line names an interpreter that exists, then run effect again",
+		e.key, quoteArg(e.argv[0]), e.notStarted))
 }

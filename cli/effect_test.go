@@ -101,3 +101,27 @@ func TestEffectPayloadMismatch(t *testing.T) {
 	assert.Contains(t, r.err, "recorded with another request")
 	assert.Equal(t, 1, lines(t, outbox))
 }
+
+// A command that exists but cannot be started (a #! line naming no
+// interpreter) did not run: the effect is not left unconfirmed ("may have
+// landed") but recorded as not sent, exit 126 says what to fix, and once
+// fixed the next effect sends it.
+func TestEffectCommandThatCannotStart(t *testing.T) {
+	dir, work := shellRun(t, "report")
+	script := filepath.Join(work, "send")
+	require.NoError(t, os.WriteFile(script, []byte("#!/no/such/interpreter\necho sent\n"), 0o755))
+	r := runCLI(t, "effect", dir, "notify", "--", script)
+	assert.Equal(t, exitCannot, r.code, r.err)
+	assert.Contains(t, r.err, "could not be started")
+	assert.Contains(t, r.err, "it did not run (recorded as not sent): check that it is an executable file and that its #! line names an interpreter that exists")
+	assert.NotContains(t, r.err, "may have landed")
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	require.Len(t, st.Effects, 1)
+	assert.Equal(t, runstate.EffectNotSent, st.Effects[0].State)
+
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\necho sent\n"), 0o755))
+	r = runCLI(t, "effect", dir, "notify", "--", script)
+	require.Equal(t, 0, r.code, r.err)
+	assert.Equal(t, `"sent"`+"\n", r.out)
+}
