@@ -40,7 +40,8 @@ damaged line that ends in a newline stops it with the line (exit 1).
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,
 key, class, error, reason, note, by, data, prev), with unprintable runes
-such as U+202E written as \u escapes (the same JSON values).`,
+such as U+202E written as \u escapes (the same JSON values), and without
+each line's checksum (crc): 'runstate export' prints the exact lines.`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		var o logOptions

@@ -225,8 +225,9 @@ loss damaged in the ledger that logs/ledger.wal holds whole are copied back
 first, so no cut drops them.
 
 Repair appends no ledger record: the files it leaves next to the ledger
-(torn-<time>, bak-<time>) are the trace of what it cut. Safe while sessions
-run, except with -truncate-at.
+(torn-<time>, bak-<time>) are the trace of what it cut. When it returns,
+the cut, the saved copies and the rebuilt projections are durable
+(fsync'd). Safe while sessions run, except with -truncate-at.
 
 With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 "damage", "torn_bytes", "torn_saved", "backup", "cut_at", "cut_lines",

@@ -106,8 +106,10 @@ func scheme(addr string) (string, bool) {
 	return strings.ToLower(s), true
 }
 
-// pgCommand is how to get the runstate command that reads PostgreSQL runs.
-const pgCommand = "go install github.com/runstate/runstate/pgstore/cmd/runstate@latest"
+// pgCommand is how to get the runstate command that reads PostgreSQL runs:
+// built from a checkout of runstate (go install @latest refuses pgstore's
+// go.mod, which has a replace directive).
+const pgCommand = "cd pgstore && go build -o runstate ./cmd/runstate (in a checkout of github.com/runstate/runstate)"
 
 // open returns the Source of addr: the Opener registered for its scheme,
 // or the run directory addr.
@@ -119,7 +121,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 		if _, err := os.Stat(addr); err != nil {
 			hint := "give a run directory"
 			if s == "postgres" || s == "postgresql" {
-				hint = "the command that reads PostgreSQL runs is installed with: " + pgCommand
+				hint = "the command that reads PostgreSQL runs is built with: " + pgCommand
 			}
 			return nil, fmt.Errorf("%s is a %s:// address, and this runstate command reads run directories only; %s", Redact(addr), s, hint)
 		}
@@ -130,7 +132,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 		}
 		hint := "run this command on that address with the runstate command that reads its store"
 		if s, _ := scheme(to); s == "postgres" || s == "postgresql" {
-			hint = "install the runstate command that reads PostgreSQL runs (" + pgCommand + ") and run it on that address"
+			hint = "build the runstate command that reads PostgreSQL runs (" + pgCommand + ") and run it on that address"
 		}
 		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, Redact(to), runstate.WorkDirFile, hint)
 	}

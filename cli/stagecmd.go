@@ -22,7 +22,12 @@ var planCmd = &command{
 that status, next and ls count as done and remaining. Planning the same
 stages again records nothing; another list replaces the plan. The record is
 durable when plan returns. DIR must hold a run, unless -request TEXT creates
-it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).`,
+it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).
+
+Plan is safe to run while other sessions work on the run: it opens a
+session of its own and appends under the ledger lock, as they do (waiting
+at most -timeout for it). The plan recorded last, by plan or by a
+session's own Run.Plan, is the run's plan.`,
 	min: 2, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
@@ -57,7 +62,12 @@ var skipCmd = &command{
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
 it counts as done, and exec skips it. A stage that is done already is left
-as it is (nothing recorded). The record is durable when skip returns.`,
+as it is (nothing recorded). The record is durable when skip returns.
+
+Skip is safe to run while other sessions work on the run: it opens a
+session of its own and appends under the ledger lock, as they do (waiting
+at most -timeout for it). A stage that a live session is running is not
+skipped (exit 1, nothing recorded): let that attempt end first.`,
 	min: 2, max: 2,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		reason := fs.String("reason", "", "`TEXT`: why the stage is not needed (required)")
