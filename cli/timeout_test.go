@@ -53,13 +53,15 @@ func TestWritingCommandsGiveUpOnAHeldLockAndNameTheHolder(t *testing.T) {
 
 // lockWait ends timeout after it was made or resumed, never while paused.
 func TestLockWaitPausesWhileACommandRuns(t *testing.T) {
-	w := newLockWait(50 * time.Millisecond)
+	// Half a second: a busy machine may stall between newLockWait and
+	// pause, but not that long.
+	w := newLockWait(500 * time.Millisecond)
 	defer w.stop()
 	w.pause()
 	select {
 	case <-w.Done():
 		t.Fatal("ended while paused")
-	case <-time.After(150 * time.Millisecond):
+	case <-time.After(800 * time.Millisecond):
 	}
 	require.NoError(t, w.Err())
 	w.resume()
