@@ -174,6 +174,7 @@ func newTail(path string, seq int64) (*tail, error) {
 	}
 	t := &tail{f: f, path: path}
 	br := bufio.NewReaderSize(f, 256<<10)
+	var last []byte
 	for t.chain.Seq < seq {
 		line, err := br.ReadBytes('\n')
 		if err != nil {
@@ -183,7 +184,12 @@ func newTail(path string, seq int64) (*tail, error) {
 		t.chain.Seq++
 		t.offset += int64(len(line))
 		t.chain.Hash = lineHash(line[:len(line)-1])
-		t.chain.CRC, _ = checkCRC(line[:len(line)-1]) // ReadLedger checked it
+		last = line[:len(line)-1]
+	}
+	if last != nil {
+		// ReadLedger checked the lines; the next must have a crc if the
+		// last has one.
+		_, t.chain.CRC, _ = runstate.DecodeLine(last)
 	}
 	return t, nil
 }

@@ -280,6 +280,8 @@ func TestExecUsageErrorsRecordNothing(t *testing.T) {
 		{[]string{"skip", dir, "a\tb", "-reason", "r"}, "has a control character"},
 		{[]string{"plan", dir, "a", "b\x7f"}, "has a control character"},
 		{[]string{"plan", dir, "a", "b", "a"}, "stage a is named twice"},
+		{[]string{"effect", dir, "k\x1b[2J", "--", "true"}, "has a control character; choose another key"},
+		{[]string{"effect", dir, strings.Repeat("k", 5000), "--", "true"}, "more than 4096; choose another key"},
 	} {
 		before := tree(t, work)
 		r := runCLI(t, tc.args...)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/url"
 	"os"
@@ -248,16 +246,12 @@ type Chain struct {
 	CRC bool
 }
 
-// Next decodes line (a ledger line without its '\n'), checks its crc and
-// that it continues the chain, and advances. The error says what is wrong
-// with the line (errNotRecord when it holds no record); the caller adds
-// where the line is and what to do.
+// Next decodes line (a ledger line without its '\n') as the run's own
+// reader does (runstate.DecodeLine: the exact keys, its crc), checks
+// that it continues the chain, and advances. The error says what is
+// wrong with the line; the caller adds where the line is and what to do.
 func (c *Chain) Next(line []byte) (*runstate.Record, error) {
-	var r runstate.Record
-	if err := json.Unmarshal(line, &r); err != nil || r.Seq == 0 || r.Ev == "" {
-		return nil, errNotRecord
-	}
-	has, err := checkCRC(line)
+	r, has, err := runstate.DecodeLine(line)
 	switch {
 	case err != nil:
 		return nil, err
@@ -268,37 +262,8 @@ func (c *Chain) Next(line []byte) (*runstate.Record, error) {
 		return nil, fmt.Errorf("seq %d does not continue the hash chain after seq %d", r.Seq, c.Seq)
 	}
 	c.Seq, c.Hash, c.CRC = r.Seq, lineHash(line), has
-	return &r, nil
+	return r, nil
 }
-
-// crcField begins the checksum field that ends each line runstate writes:
-// ,"crc":"<8 lowercase hex digits>"}, the CRC-32C of the bytes before it.
-const crcField = `,"crc":"`
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// checkCRC reports whether line (a record) has a crc field, and an error
-// when the field is not the line's last or does not match its bytes.
-func checkCRC(line []byte) (has bool, err error) {
-	n := len(line) - len(crcField) - 8 - len(`"}`)
-	if n >= 1 && string(line[n:n+len(crcField)]) == crcField && string(line[len(line)-2:]) == `"}` {
-		want := string(line[n+len(crcField) : len(line)-2])
-		if got := fmt.Sprintf("%08x", crc32.Checksum(line[:n], castagnoli)); got != want {
-			return true, fmt.Errorf("checksum %s does not match the line's bytes (%s): the line changed after it was written (a flipped bit?)", want, got)
-		}
-		return true, nil
-	}
-	var f struct {
-		CRC json.RawMessage `json:"crc"`
-	}
-	if json.Unmarshal(line, &f) == nil && f.CRC != nil {
-		return true, errors.New(`the "crc" field is not the line's last, as runstate writes it (the line was rewritten?)`)
-	}
-	return false, nil
-}
-
-// errNotRecord: a line that is not a ledger record.
-var errNotRecord = errors.New("not a ledger record")
 
 // lineHash is the chain hash of a ledger line (without '\n').
 func lineHash(line []byte) string {
