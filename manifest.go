@@ -15,6 +15,12 @@ import (
 // manifestFile is the snapshot of the state, relative to the run directory.
 const manifestFile = "manifest.json"
 
+// maxManifest caps what a reader reads of manifest.json: a larger file is
+// not used as a snapshot (the state is then replayed from the ledger), so
+// that a file put in its place (a link to /dev/zero, a huge file) cannot
+// exhaust memory.
+const maxManifest = 256 << 20
+
 // Artifact is an output of a done stage, as the manifest lists it.
 type Artifact struct {
 	Path   string `json:"path"`   // relative to the run directory, with forward slashes

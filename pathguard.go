@@ -27,7 +27,7 @@ import (
 // (session locks, handoff files) or by the time (torn tails, backups), so
 // no link can wait for them.
 var ownEntries = []string{"logs", sessionsDir, tmpDir, handoffDir,
-	ledgerFile, walFile, lockFile, nextStepsFile, manifestFile}
+	ledgerFile, walFile, lockFile, nextStepsFile, manifestFile, WorkDirFile}
 
 // guardOwnFiles checks runstate's own files in dir before anything opens
 // them: none may be a symbolic link, and none that is a
@@ -227,15 +227,21 @@ func openRegular(open func(flag int) (*os.File, error)) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = &notRegular{fi.Mode()}
-	}
-	if err != nil {
+	if _, err := statRegular(f); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// statRegular returns f's FileInfo, or a *notRegular when f is not a
+// regular file.
+func statRegular(f interface{ Stat() (fs.FileInfo, error) }) (fs.FileInfo, error) {
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = &notRegular{fi.Mode()}
+	}
+	return fi, err
 }
 
 // notRegular says that a file to hash is not a regular file. It wraps

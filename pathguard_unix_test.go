@@ -4,6 +4,7 @@ package runstate_test
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -163,4 +164,89 @@ func TestPrivateRunStaysPrivate(t *testing.T) {
 	for _, want := range []string{"manifest.json", "next-steps.txt", "ledger.wal", "c.txt", "out.txt"} {
 		assert.Contains(t, all, want)
 	}
+}
+
+// TestReadersRefuseFIFO: Inspect, NextSteps, ReadLedger and Verify return,
+// never wait for a writer, when one of runstate's files is a FIFO (or
+// manifest.json a link to /dev/zero, which they never read to its end),
+// and Open returns when logs/run.json is one; each names the file.
+func TestReadersRefuseFIFO(t *testing.T) {
+	ctx := context.Background()
+	readers := []struct {
+		name string
+		fn   func(dir string) error
+	}{
+		{"Inspect", func(dir string) error { _, err := runstate.Inspect(dir); return err }},
+		{"NextSteps", func(dir string) error { _, err := runstate.NextSteps(dir); return err }},
+		{"ReadLedger", func(dir string) error {
+			return runstate.ReadLedger(dir, func(*runstate.Record) error { return nil })
+		}},
+		{"Verify", func(dir string) error {
+			rep, err := runstate.Verify(dir)
+			if err == nil && !rep.OK() {
+				err = fmt.Errorf("%v", rep.Problems)
+			}
+			return err
+		}},
+	}
+	for _, c := range []struct {
+		file string
+		link string // make file a symbolic link to this, not a FIFO
+		// fails lists the readers that fail (or report a problem);
+		// the others read on without the file.
+		fails string
+	}{
+		{file: "logs/ledger.jsonl", fails: "Inspect NextSteps ReadLedger Verify"},
+		{file: "manifest.json", fails: "Verify"},
+		{file: "manifest.json", link: "/dev/zero", fails: "Verify"},
+		{file: "logs/ledger.wal", fails: "Inspect NextSteps ReadLedger Verify"},
+		{file: "logs/next-steps.txt", fails: "Verify"},
+	} {
+		dir := t.TempDir()
+		r, err := runstate.Open(dir, &runstate.Options{Request: testRequest}) // with fsync: the journal too
+		require.NoError(t, err)
+		require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+		require.NoError(t, r.Close())
+		p := filepath.Join(dir, filepath.FromSlash(c.file))
+		require.NoError(t, os.Remove(p))
+		var unblock func()
+		if c.link != "" {
+			require.NoError(t, os.Symlink(c.link, p))
+		} else {
+			require.NoError(t, syscall.Mkfifo(p, 0o644))
+			unblock = openWriter(p)
+		}
+		for _, rd := range readers {
+			what := rd.name + " with " + c.file + " a FIFO"
+			if c.link != "" {
+				what = rd.name + " with " + c.file + " a link to " + c.link
+			}
+			err := within(t, what, unblock, func() error { return rd.fn(dir) })
+			if !strings.Contains(c.fails, rd.name) {
+				assert.NoError(t, err, what)
+				continue
+			}
+			if assert.Error(t, err, what) {
+				assert.Contains(t, err.Error(), p, what)
+				assert.Contains(t, err.Error(), "not a regular file", what)
+			}
+		}
+	}
+
+	dir := t.TempDir()
+	p := filepath.Join(dir, "logs", "run.json")
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, syscall.Mkfifo(p, 0o644))
+	err := within(t, "Open with logs/run.json a FIFO", openWriter(p), func() error {
+		r, err := runstate.Open(dir, testOptions())
+		if err == nil {
+			r.Close()
+		}
+		return err
+	})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), p)
+	_, ok := runstate.RunElsewhere(dir)
+	assert.False(t, ok)
 }

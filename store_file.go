@@ -269,7 +269,7 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnap
 		return nil, nil, j, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	size := fi.Size()
-	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
+	if data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest); err == nil {
 		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && journalAgrees(fsys, dir, f, pos) {
 			if crc, ok := snapshotHolds(f, pos); ok {
 				st = s

@@ -51,13 +51,35 @@ func (osFS) Stat(name string) (fs.FileInfo, error)        { return os.Stat(name)
 func (osFS) ReadDir(name string) ([]fs.DirEntry, error)   { return os.ReadDir(name) }
 func (osFS) SyncDir(dir string) error                     { return syncDir(dir) }
 
-func readFile(fsys fileSystem, name string) ([]byte, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+// readFile reads the file name, which must be a regular file (a FIFO
+// would block, a device such as /dev/zero never end) of limit bytes at
+// most. Its errors name the file.
+func readFile(fsys fileSystem, name string, limit int64) ([]byte, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY|oNonblock, 0)
 	if err != nil {
-		return nil, err
+		return nil, err // *fs.PathError: names the file
 	}
 	defer f.Close()
-	return io.ReadAll(f)
+	fi, err := statRegular(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if fi.Size() > limit {
+		return nil, tooLarge(name, fi.Size(), limit)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, tooLarge(name, int64(len(data)), limit)
+	}
+	return data, nil
+}
+
+func tooLarge(name string, n, limit int64) error {
+	return fmt.Errorf("%w: %s is %d bytes or more, more than the %d bytes runstate reads of it: it is not a file runstate wrote; move it away",
+		ErrInvalid, name, n, limit)
 }
 
 // tmpDir holds every temp file runstate creates. Temp files live in

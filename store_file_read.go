@@ -22,9 +22,12 @@ import (
 // says whether dir is missing or is not a run directory.
 func openLedger(dir string) (*os.File, string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, err := os.Open(lp)
+	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(lp, flag, 0) })
 	if err == nil {
 		return f, lp, nil
+	}
+	if nr := (*notRegular)(nil); errors.As(err, &nr) {
+		return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
 	}
 	if isNotExist(err) {
 		if _, derr := os.Stat(dir); derr != nil {
@@ -151,7 +154,7 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 // begins, up to settled, the last record that is not one.
 func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 	mp := filepath.Join(s.dir, manifestFile)
-	if data, err := os.ReadFile(mp); err != nil {
+	if data, err := readFile(s.fs, mp, maxManifest); err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
 	} else if _, pos, err := decodeManifest(data); err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
@@ -171,7 +174,7 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 // nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its
 // first line.
 func nextStepsSeq(p string) (int64, error) {
-	f, err := os.Open(p)
+	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
 	if err != nil {
 		return 0, fmt.Errorf("unreadable: %v", err)
 	}

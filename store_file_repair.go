@@ -357,7 +357,7 @@ func keepsAcknowledged(fsys fileSystem, dir, lp string, o RepairOptions, at int6
 		return nil
 	}
 	acked, by := acknowledged(fsys, dir), walFile
-	if data, err := readFile(fsys, filepath.Join(dir, manifestFile)); err == nil {
+	if data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest); err == nil {
 		if s, _, err := decodeManifest(data); err == nil && s.pos.seq > acked {
 			acked, by = s.pos.seq, manifestFile
 		}

@@ -2,6 +2,8 @@ package runstate
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -86,4 +88,20 @@ func TestHandoffLookAtLinesComeFromTheStore(t *testing.T) {
 	assert.True(t, strings.HasSuffix(fileText, "\n\nlook at:  logs/ledger.jsonl (the source of truth, one JSON record a line)\n"+
 		"          manifest.json (stages, artifacts with hashes, effects)\n"+
 		"          runstate status "+dirArg(dir)+"; runstate log "+dirArg(dir)+"\n"), fileText)
+}
+
+// TestReadFileLimit: readFile reads a file of limit bytes, and refuses a
+// longer one with an error that names it and the limit, without reading
+// it whole.
+func TestReadFileLimit(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "manifest.json")
+	require.NoError(t, os.WriteFile(p, []byte("0123456789"), 0o644))
+	data, err := readFile(osFS{}, p, 10)
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789", string(data))
+	_, err = readFile(osFS{}, p, 9)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), p)
+	assert.Contains(t, err.Error(), "more than the 9 bytes")
 }

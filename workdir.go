@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -13,11 +14,24 @@ import (
 // follows the address.
 const WorkDirFile = "logs/run.json"
 
+// maxWorkDirFile caps what RunElsewhere reads of WorkDirFile: an address
+// is short, and a longer file is no JSON object it reads.
+const maxWorkDirFile = 64 << 10
+
 // RunElsewhere returns the address that dir's WorkDirFile names, and
-// false when dir has none or it names no address. It reads that one
-// file and writes nothing; it is safe for concurrent use.
+// false when dir has none or it names no address (a WorkDirFile that is
+// not a regular file, or is longer than 64 KiB, names none: Open refuses
+// the first). It reads that one file and writes nothing; it is safe for
+// concurrent use.
 func RunElsewhere(dir string) (address string, ok bool) {
-	data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(WorkDirFile)))
+	f, err := openRegular(func(flag int) (*os.File, error) {
+		return os.OpenFile(filepath.Join(dir, filepath.FromSlash(WorkDirFile)), flag, 0)
+	})
+	if err != nil {
+		return "", false // a FIFO or a device too: Open's guard names it
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxWorkDirFile))
 	if err != nil {
 		return "", false
 	}
