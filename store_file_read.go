@@ -18,16 +18,22 @@ import (
 // for the ledger's lost bytes (replayJournal); Verify reports them, the
 // journal's own problems and the projections' lag.
 
-// openLedger opens the ledger of the run in dir for reading. Its error
+// openLedger opens the ledger of the run in dir for reading, without
+// blocking on a FIFO; it refuses one that is not a regular file. Its error
 // says whether dir is missing or is not a run directory.
-func openLedger(dir string) (*os.File, string, error) {
+func openLedger(fsys fileSystem, dir string) (file, string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(lp, flag, 0) })
+	f, err := fsys.OpenFile(lp, os.O_RDONLY|oNonblock, 0)
 	if err == nil {
-		return f, lp, nil
-	}
-	if nr := (*notRegular)(nil); errors.As(err, &nr) {
-		return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
+		_, err = statRegular(f)
+		if err == nil {
+			return f, lp, nil
+		}
+		f.Close()
+		if nr := (*notRegular)(nil); errors.As(err, &nr) {
+			return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
+		}
+		return nil, lp, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	if isNotExist(err) {
 		if _, derr := os.Stat(dir); derr != nil {
@@ -41,14 +47,14 @@ func openLedger(dir string) (*os.File, string, error) {
 // readState loads the state of the run without a lock or a write: from
 // the snapshot when it holds (Inspect, NextSteps).
 func (s *dirStore) readState() (*state, int64, error) {
-	f, lp, err := openLedger(s.dir)
+	f, lp, err := openLedger(s.fs, s.dir)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer f.Close()
 	// Records a machine crash kept out of the ledger, or damaged in it,
 	// are read from the journal (store_file_wal.go).
-	st, _, _, err := loadState(s.fs, s.dir, osFile{f})
+	st, _, _, err := loadState(s.fs, s.dir, f)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -59,7 +65,7 @@ func (s *dirStore) readState() (*state, int64, error) {
 	torn := max(0, fi.Size()-st.pos.offset)
 	if st.pos.seq == 0 {
 		if found := leftovers(s.fs, s.dir, true); len(found) > 0 {
-			return nil, 0, lostLedger(lp, osFile{f}, true, found)
+			return nil, 0, lostLedger(lp, f, true, found)
 		}
 		return nil, 0, fmt.Errorf("runstate: %s holds no complete record: the run was never created (Open it with Options.Request to create it)", lp)
 	}
@@ -72,12 +78,12 @@ func (s *dirStore) readState() (*state, int64, error) {
 func (s *dirStore) readChecked(c *chain, apply func(*Record, []byte) error) (torn int64, err error) {
 	f := s.ledger
 	if f == nil {
-		lf, _, err := openLedger(s.dir)
+		lf, _, err := openLedger(s.fs, s.dir)
 		if err != nil {
 			return 0, err
 		}
 		defer lf.Close()
-		f = osFile{lf}
+		f = lf
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -95,7 +101,7 @@ func (s *dirStore) readChecked(c *chain, apply func(*Record, []byte) error) (tor
 // rep. done: there is nothing more to check (the ledger is damaged, or
 // holds no record).
 func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byte) error) (done bool, err error) {
-	f, lp, err := openLedger(s.dir)
+	f, lp, err := openLedger(s.fs, s.dir)
 	if err != nil {
 		return false, err
 	}
@@ -106,7 +112,7 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 	}
 	size := fi.Size()
 	wp := filepath.Join(s.dir, filepath.FromSlash(walFile))
-	torn, j, err := replayJournal(s.fs, s.dir, osFile{f}, size, &st.pos, each)
+	torn, j, err := replayJournal(s.fs, s.dir, f, size, &st.pos, each)
 	if len(j.tail) > 0 {
 		from, to := j.seqs()
 		what := fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, to, walFile)

@@ -371,3 +371,91 @@ func TestDurableWayPick(t *testing.T) {
 	j.note(wayRing, 20*time.Millisecond)
 	assert.Equal(t, wayLedger, j.best, "slow twice in a row: %v", j.cost)
 }
+
+// TestResumeFromSnapshotWithJournal: with logs/ledger.wal present, Open
+// and Inspect resume from manifest.json, reading the ledger only in the
+// ring's window (to check that the journal agrees with the snapshot), not
+// the whole ledger. Before, lastPrev did not see through a line's crc
+// field, so the check failed on every line and both replayed the ledger.
+func TestResumeFromSnapshotWithJournal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	smallJournal(t, dir) // a ring of 60 KiB
+	r, err := Open(dir, ringOptions(faultfs.New()))
+	require.NoError(t, err)
+	for i := range 1000 {
+		require.NoError(t, r.Do(t.Context(), fmt.Sprintf("s%03d", i), func(context.Context, *Stage) error { return nil },
+			Value("big", strings.Repeat("v", 600))))
+	}
+	require.NoError(t, r.Close()) // writes the snapshot; the journal's slots stand
+	size := int64(len(ledgerBytes(t, dir)))
+	require.Greater(t, size, int64(512<<10))
+	require.Greater(t, acknowledged(osFS{}, dir), int64(0), "the journal names records")
+
+	c := newCountFS()
+	st, err := inspect(t.Context(), newDirStore(dir, Options{fs: c}), dir)
+	require.NoError(t, err)
+	assert.Len(t, st.Stages, 1000)
+	assert.Less(t, c.ledgerRead.Load(), int64(128<<10), "Inspect read the window and the snapshot's record, of a %d-byte ledger", size)
+
+	c = newCountFS()
+	r = openCounted(t, dir, c, Options{Request: "fault injection"})
+	assert.Less(t, c.ledgerRead.Load(), int64(128<<10), "Open read the window and the snapshot's record, of a %d-byte ledger", size)
+	require.NoError(t, r.Close())
+
+	// A stale journal: sessions without fsync append without it. The
+	// check still reads the ring's window, not the ledger from there on.
+	r, err = Open(dir, &Options{Request: "fault injection", NoSync: true})
+	require.NoError(t, err)
+	for i := range 1000 {
+		require.NoError(t, r.Do(t.Context(), fmt.Sprintf("t%03d", i), func(context.Context, *Stage) error { return nil },
+			Value("big", strings.Repeat("v", 600))))
+	}
+	require.NoError(t, r.Close())
+	c = newCountFS()
+	st, err = inspect(t.Context(), newDirStore(dir, Options{fs: c}), dir)
+	require.NoError(t, err)
+	assert.Len(t, st.Stages, 2000)
+	assert.Less(t, c.ledgerRead.Load(), int64(128<<10), "Inspect with a stale journal")
+}
+
+// TestLastPrev: lastPrev finds the prev hash of the lines runstate writes,
+// with a crc field and without.
+func TestLastPrev(t *testing.T) {
+	for _, name := range []string{"basic.jsonl", "crc.jsonl"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		require.Greater(t, len(lines), 2, name)
+		for i := 1; i < len(lines); i++ {
+			prev, ok := lastPrev([]byte(lines[i]))
+			if assert.True(t, ok, "%s line %d", name, i+1) {
+				assert.Equal(t, lineHash([]byte(lines[i-1])), string(prev), "%s line %d", name, i+1)
+			}
+		}
+	}
+	for _, bad := range []string{"", "}", `{"prev":"x"}`, `{"seq":1,"prev":""}`, `{"prev":"` + strings.Repeat("a", 64) + `","crc":"0000000"}`} {
+		_, ok := lastPrev([]byte(bad))
+		assert.False(t, ok, bad)
+	}
+}
+
+// BenchmarkInspectWithJournal inspects a run of 60,000 records whose
+// journal names its last records: Inspect resumes from manifest.json and
+// reads the ring's window of the ledger (PERF.md).
+func BenchmarkInspectWithJournal(b *testing.B) {
+	dir := b.TempDir()
+	require.NoError(b, genRun(dir, 60_000, true))
+	r, err := Open(dir, &Options{Request: "generated run"}) // with fsync: through the journal
+	require.NoError(b, err)
+	for i := range 300 {
+		require.NoError(b, r.Do(b.Context(), fmt.Sprintf("bench-%d", i), func(context.Context, *Stage) error { return nil }))
+	}
+	require.NoError(b, r.Close())
+	require.Positive(b, acknowledged(osFS{}, dir))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := Inspect(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -286,9 +287,11 @@ func clearJournal(fsys fileSystem, dir string) error {
 // bytes before that durable in the ledger itself). A snapshot after some
 // of them would skip damage that the journal can still repair, and that
 // the next lap of the ring would make permanent; so the lines from there
-// to the snapshot's record must chain: each line hashes to the prev that
-// the line after it names. No journal, or a snapshot before the window,
-// needs no check.
+// on must chain, each line hashing to the prev that the line after it
+// names, up to the first line that starts at or after the slot's end (the
+// journal holds nothing after it) or to the snapshot's record. No journal,
+// or a snapshot before the window, needs no check. It reads those lines
+// one at a time: the window is the ring's size, plus a line.
 func journalAgrees(fsys fileSystem, dir string, f file, pos snapshotPos) bool {
 	p := filepath.Join(dir, filepath.FromSlash(walFile))
 	w, size, err := openWAL(fsys, p, os.O_RDONLY)
@@ -311,43 +314,48 @@ func journalAgrees(fsys fileSystem, dir string, f file, pos snapshotPos) bool {
 	if end == 0 || lo >= pos.Offset {
 		return true
 	}
-	buf := make([]byte, pos.End-lo)
-	if _, err := f.ReadAt(buf, lo); err != nil {
-		return false
-	}
-	if lo > 0 && !precededByNewline(f, lo) {
-		i := bytes.IndexByte(buf, '\n') // a line that starts before the window
-		if i < 0 {
-			return false
-		}
-		buf = buf[i+1:]
-	}
+	// Read ahead little: the check may stop at the slot's end, far
+	// before the snapshot's record (a journal that later sessions without
+	// fsync did not write).
+	src := &syncLines{br: bufio.NewReaderSize(io.NewSectionReader(f, lo, pos.End-lo), 32<<10)}
+	partial := lo > 0 && !precededByNewline(f, lo) // a line that starts before the window
 	var hash string
-	for len(buf) > 0 {
-		i := bytes.IndexByte(buf, '\n')
-		if i < 0 {
+	for off := lo; off < pos.End; {
+		line, facts, err := src.next()
+		if err != nil {
 			return false
 		}
-		line := buf[:i]
+		start := off
+		off += int64(len(line))
+		if partial {
+			partial = false
+			continue
+		}
 		if hash != "" {
-			prev, ok := lastPrev(line)
-			if !ok || prev != hash {
+			prev, ok := lastPrev(line[:len(line)-1])
+			if !ok || string(prev) != hash {
 				return false
 			}
+			if start >= end {
+				return true // the chain holds up to a line the journal does not hold
+			}
 		}
-		hash = lineHash(line)
-		buf = buf[i+1:]
+		hash = facts.hash
 	}
 	return hash == pos.Hash
 }
 
 // lastPrev returns the prev hash of a line that runstate wrote: its last
-// field, `"prev":"<64 hex>"}`.
-func lastPrev(line []byte) (string, bool) {
+// field, `"prev":"<64 hex>"}`, or the one before the crc field,
+// `"prev":"<64 hex>","crc":"<8 hex>"}`.
+func lastPrev(line []byte) ([]byte, bool) {
 	const key = `"prev":"`
-	n := len(line)
-	if n < len(key)+66 || line[n-1] != '}' || line[n-2] != '"' || string(line[n-66-len(key):n-66]) != key {
-		return "", false
+	n := len(line) - 1 // the closing '}'
+	if hasCRC(line) {
+		n = len(line) - crcSuffix // the crc field's ','
 	}
-	return string(line[n-66 : n-2]), true
+	if n < len(key)+65 || line[len(line)-1] != '}' || line[n-1] != '"' || string(line[n-65-len(key):n-65]) != key {
+		return nil, false
+	}
+	return line[n-65 : n-1], true
 }
