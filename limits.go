@@ -97,8 +97,24 @@ func checkInputSet(inputs []Input) error {
 
 // checkIdentity refuses a run identity (Options.Request, Revision and
 // Environment), recorded in the create record and each open record,
-// larger than maxValue.
+// larger than maxValue or with a string that is not valid UTF-8: JSON
+// would record U+FFFD in place of the bad bytes, and a Request recorded so
+// would never match the one given again.
 func checkIdentity(o *Options) error {
+	if err := checkUTF8("Options.Request", "", o.Request); err != nil {
+		return err
+	}
+	if err := checkUTF8("Options.Revision", "", o.Revision); err != nil {
+		return err
+	}
+	for k, v := range o.Environment {
+		if err := checkUTF8("Options.Environment", "a key", k); err != nil {
+			return err
+		}
+		if err := checkUTF8("Options.Environment", fmt.Sprintf("the value of %q", k), v); err != nil {
+			return err
+		}
+	}
 	n := len(o.Request) + len(o.Revision)
 	for k, v := range o.Environment {
 		n += len(k) + len(v)
@@ -108,6 +124,27 @@ func checkIdentity(o *Options) error {
 	}
 	data, _ := json.Marshal(runIdentity{Request: o.Request, Revision: o.Revision, Environment: o.Environment})
 	return checkSize("the run identity (Options.Request, Revision and Environment)", len(data))
+}
+
+// checkUTF8 refuses s, the part (of option) named by part ("" for all
+// of it), when it is not valid UTF-8, naming the first bad byte.
+func checkUTF8(option, part, s string) error {
+	if utf8.ValidString(s) {
+		return nil
+	}
+	at := 0
+	for at < len(s) {
+		r, n := utf8.DecodeRuneInString(s[at:])
+		if r == utf8.RuneError && n == 1 {
+			break
+		}
+		at += n
+	}
+	if part != "" {
+		part = " (" + part + ")"
+	}
+	return fmt.Errorf("%w: %s is not valid UTF-8%s: byte %d is %#x; the ledger records text, with U+FFFD in place of such bytes, so the run would not match it again: pass text (encode bytes as hex or base64)",
+		ErrInvalid, option, part, at, s[at])
 }
 
 // The per-line checksum: each line the writer appends ends with

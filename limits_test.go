@@ -198,3 +198,32 @@ func TestBadReceiptNeverPanicsTheCommitPath(t *testing.T) {
 	require.NoError(t, call(t, "Close", r.Close))
 	assertReadsBack(t, dir)
 }
+
+// TestIdentityMustBeUTF8: Open refuses a Request, Revision or Environment
+// key or value that is not valid UTF-8, saying which, and writes nothing.
+// JSON would record U+FFFD in place of the bad bytes, so a run created
+// with such a Request never matched it again (ErrMismatch on every Open).
+func TestIdentityMustBeUTF8(t *testing.T) {
+	bad := "fix the \xff parser"
+	for _, c := range []struct {
+		name string
+		opts runstate.Options
+	}{
+		{"Options.Request", runstate.Options{Request: bad}},
+		{"Options.Revision", runstate.Options{Request: testRequest, Revision: bad}},
+		{"Options.Environment", runstate.Options{Request: testRequest, Environment: map[string]string{"host": bad}}},
+		{"Options.Environment", runstate.Options{Request: testRequest, Environment: map[string]string{bad: "x"}}},
+	} {
+		dir := t.TempDir()
+		c.opts.NoSync = true
+		r, err := runstate.Open(dir, &c.opts)
+		if !assert.Error(t, err, c.name) {
+			r.Close()
+			continue
+		}
+		assert.ErrorIs(t, err, runstate.ErrInvalid, c.name)
+		assert.Contains(t, err.Error(), c.name+" is not valid UTF-8", c.name)
+		_, err = os.Stat(filepath.Join(dir, "logs", "ledger.jsonl"))
+		assert.True(t, os.IsNotExist(err), "%s: nothing written", c.name)
+	}
+}

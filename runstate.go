@@ -15,6 +15,8 @@ type Options struct {
 	// Request is the run's identity: what it serves. Open refuses a run
 	// created for another Request with ErrMismatch. Required to create a
 	// run; empty on resume means "whatever the run serves" (tools use that).
+	// It, Revision and Environment must be valid UTF-8 (Open fails with
+	// ErrInvalid): the ledger records text.
 	Request string
 
 	// Revision is the source revision the session works on. A different
