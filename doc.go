@@ -29,7 +29,7 @@
 // outputs fn wrote (Stage.WriteFile, or Stage.Output for a file written by
 // other means); when fn returns an error, a failure of the class the error
 // carries: Retryable (the default, up to Options.MaxAttempts, then a person
-// is asked), NeedsPerson or Fatal. Begin, Stage.Complete and Stage.Fail are
+// is asked; ctx's cancellation is not counted), NeedsPerson or Fatal. Begin, Stage.Complete and Stage.Fail are
 // the primitives under Do; Run.Skip says a stage is not needed.
 //
 // A side effect goes through Run.Effect, which records an intent before it
@@ -274,7 +274,8 @@
 //	begin        a stage attempt starts, with its input fingerprints
 //	complete     it ended well, with its inputs and outputs
 //	fail         it failed; class says what happens next (reason "disk full:
-//	             ...": ENOSPC or EDQUOT, not counted toward MaxAttempts)
+//	             ...": ENOSPC or EDQUOT, and reason "canceled: ...": Do's
+//	             context ended, are not counted toward MaxAttempts)
 //	skip         the stage is not needed (reason); it counts as done
 //	interrupted  a later session found a begin whose session is gone (or,
 //	             with no stage, a session gone without a close: data.session)

@@ -302,8 +302,11 @@ func describe(st *StageStatus) string {
 	case StateRunning:
 		return fmt.Sprintf("running, attempt %d", st.Attempt)
 	case StateFailed:
-		if st.Reason == diskFullReason {
+		switch st.Reason {
+		case diskFullReason:
 			return fmt.Sprintf("failed on a full disk, not counted toward MaxAttempts; free space, then run the pipeline again: %s", oneLine(st.Error))
+		case canceledReason:
+			return fmt.Sprintf("canceled by its caller, not counted toward MaxAttempts; run the pipeline again: %s", oneLine(st.Error))
 		}
 		return fmt.Sprintf("failed %d time(s), will retry: %s", st.Failures, oneLine(st.Error))
 	case StateInterrupted:

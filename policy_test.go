@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -148,6 +149,56 @@ func TestMaxAttemptsThenApprove(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, st.Blockers)
 	assert.Equal(t, 4, st.Metrics.Failures)
+}
+
+// TestCanceledIsNotAFailure: a Do whose caller's context is cancelled (or
+// runs out) while fn runs, and fn returns that, is recorded as a
+// retryable failure that does not count toward MaxAttempts: any number of
+// interruptions leave the stage to run again, not awaiting a person, and
+// a real failure after them is the first one counted. It reads so after a
+// restart too.
+func TestCanceledIsNotAFailure(t *testing.T) {
+	dir := t.TempDir()
+	opts := i3Options()
+	opts.MaxAttempts = 2
+	r := i3Open(t, dir, opts)
+	require.NoError(t, r.Plan(context.Background(), "build"))
+	for i := range 4 {
+		ctx, cancel := context.WithCancel(context.Background())
+		if i%2 == 1 {
+			ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+		}
+		err := r.Do(ctx, "build", func(ctx context.Context, _ *runstate.Stage) error {
+			if i%2 == 0 {
+				cancel()
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		cancel()
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded), err)
+		s := i3Stage(t, r, "build")
+		assert.Equal(t, runstate.StateFailed, s.State, "interruption %d", i+1)
+		assert.Zero(t, s.Failures, "interruption %d", i+1)
+	}
+	st, err := r.Status()
+	require.NoError(t, err)
+	assert.Empty(t, st.Blockers)
+	assert.Contains(t, i3Stage(t, r, "build").Reason, "not counted toward MaxAttempts")
+	next, err := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+	require.NoError(t, err)
+	assert.Contains(t, string(next), "canceled by its caller, not counted toward MaxAttempts")
+
+	// fn's own error while the caller's context lives counts, as before.
+	flaky := errors.New("connection refused")
+	require.ErrorIs(t, r.Do(context.Background(), "build", failing(flaky)), flaky)
+	require.NoError(t, r.Close())
+	r = i3Open(t, dir, opts)
+	s := i3Stage(t, r, "build")
+	assert.Equal(t, runstate.StateFailed, s.State)
+	assert.Equal(t, 1, s.Failures)
+	require.NoError(t, r.Do(context.Background(), "build", func(context.Context, *runstate.Stage) error { return nil }))
 }
 
 func TestMaxAttemptsOption(t *testing.T) {

@@ -294,7 +294,27 @@ func (st *Stage) Complete() error {
 // longer than 64 KiB is recorded cut, with a marker (see the package
 // documentation). When Fail returns nil the record is durable. Fail returns nil for a nil
 // err without ending the attempt. Safe for concurrent use.
-func (st *Stage) Fail(err error) error {
+func (st *Stage) Fail(err error) error { return st.fail(err, false) }
+
+// canceledReason marks a fail record of an attempt that its caller
+// cancelled (Do's context ended, and fn returned that): an interruption,
+// not a failure of the work, so it does not count toward MaxAttempts.
+const canceledReason = "canceled: the caller's context ended; not counted toward MaxAttempts"
+
+// canceledBy reports whether err, what a stage's work returned, is the
+// end of the caller's ctx (cancelled, or its deadline passed) rather than
+// a failure of the work: ctx has ended, err is context.Canceled or
+// context.DeadlineExceeded, and err has no class (Fatal, NeedsPerson and
+// Retryable say what the caller wants).
+func canceledBy(ctx context.Context, err error) bool {
+	var c *classed
+	return ctx.Err() != nil && !errors.As(err, &c) &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// fail is Fail; canceled records err as the caller's cancellation
+// (canceledReason).
+func (st *Stage) fail(err error, canceled bool) error {
 	if err == nil {
 		return nil
 	}
@@ -316,6 +336,8 @@ func (st *Stage) Fail(err error) error {
 		switch {
 		case full:
 			recs[0].Reason = diskFullReason
+		case canceled:
+			recs[0].Reason = canceledReason
 		case class == ClassPerson:
 			recs = append(recs, &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Class: class, Reason: reason})
 		case class == ClassRetryable && cur.Failures+1 >= max:

@@ -468,7 +468,11 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // stage again) or the Run turns read-only (see Stage.Context). When the end record could not be
 // written and the Run stayed writable (Do returns that error), the next
 // Begin or Do of the stage in this Run records the attempt as interrupted
-// and begins it again (attempts.go says why). Safe for concurrent use.
+// and begins it again (attempts.go says why). When ctx ends while fn runs
+// and fn returns its error (context.Canceled or DeadlineExceeded, with no
+// class), the attempt is recorded as failed but not counted toward
+// Options.MaxAttempts: a cancellation interrupts the work, it is not the
+// work failing. Safe for concurrent use.
 func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, st *Stage) error, inputs ...Input) error {
 	st, err := r.Begin(ctx, name, inputs...)
 	if errors.Is(err, ErrDone) {
@@ -497,7 +501,7 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 		return ferr // fn ended the attempt itself (Await, Complete or Fail)
 	}
 	if ferr != nil {
-		if err := st.Fail(ferr); err != nil {
+		if err := st.fail(ferr, canceledBy(ctx, ferr)); err != nil {
 			return errors.Join(ferr, err)
 		}
 		return ferr

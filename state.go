@@ -302,8 +302,8 @@ func (s *state) apply(r *Record) {
 		default:
 			st.State = StateFailed
 			st.Reason = r.Reason
-			if r.Reason != diskFullReason {
-				st.Failures++
+			if r.Reason != diskFullReason && r.Reason != canceledReason {
+				st.Failures++ // a full disk, a cancellation: not the work's fault
 			}
 		}
 	case evAwait:
