@@ -88,9 +88,10 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 // manifest.json and logs/next-steps.txt reflect the ledger
 // (next-steps.txt may lag by begin records: see the package doc). It takes no
 // lock and writes nothing, so it is safe for concurrent use, from any
-// number of goroutines and processes, while writers are active (the
-// projections may then lag the ledger by a few records, and Verify says
-// so). The error is non-nil only when the ledger cannot be read at all or
+// number of goroutines and processes, while writers are active: records
+// appended after it read the ledger are no problem (neither in the journal
+// nor in a projection), and projections behind the ledger are said to be
+// normal while a session runs. The error is non-nil only when the ledger cannot be read at all or
 // is in an unknown format (ErrVersion); what is wrong is in
 // Report.Problems.
 func Verify(dir string) (*Report, error) {

@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -113,6 +114,11 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 	size := fi.Size()
 	wp := filepath.Join(s.dir, filepath.FromSlash(walFile))
 	torn, j, err := replayJournal(s.fs, s.dir, f, size, &st.pos, each)
+	if len(j.tail) > 0 && j.damage == nil && ledgerHolds(f, j.at, j.tail) {
+		// A writer appended the journal's records after size was read
+		// (a live run): they are in the ledger, and the tail was theirs.
+		j.tail, torn = nil, -1
+	}
 	if len(j.tail) > 0 {
 		from, to := j.seqs()
 		what := fmt.Sprintf("ends before acknowledged records seq %d-%d, which only %s holds (the machine stopped before the kernel wrote them)", from, to, walFile)
@@ -155,26 +161,81 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 	return false, nil
 }
 
+// ledgerHolds reports whether the ledger f holds b at off (read now).
+func ledgerHolds(f file, off int64, b []byte) bool {
+	buf := make([]byte, len(b))
+	_, err := f.ReadAt(buf, off)
+	return err == nil && bytes.Equal(buf, b)
+}
+
 // verifyProjections is Verify's check that manifest.json and
 // logs/next-steps.txt reflect the ledger (st); the handoff may lag by
-// begins, up to settled, the last record that is not one.
+// begins, up to settled, the last record that is not one. A projection
+// ahead of st is fine when the ledger holds, now, the records it reflects:
+// a writer appended them after Verify read the ledger (a live run).
 func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
+	rebuild := "the next Open or " + s.repairCmd() + " rebuilds it"
+	var now *chain // the ledger as it stands now, past st: read when a projection is ahead
+	catchUp := func() chain {
+		if now == nil {
+			now = new(chain)
+			*now = s.readOn(st.pos)
+		}
+		return *now
+	}
 	mp := filepath.Join(s.dir, manifestFile)
 	if data, err := readFile(s.fs, mp, maxManifest); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: rebuild})
 	} else if _, pos, err := decodeManifest(data); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
-	} else if pos.End != st.pos.offset || pos.Hash != st.pos.hash {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: rebuild})
+	} else if pos.End < st.pos.offset {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("behind the ledger (reflects the record ending at byte %d, the ledger ends at %d)", pos.End, st.pos.offset),
-			Fix: "normal while a session runs; otherwise the next Open or " + s.repairCmd() + " rebuilds it"})
+			Fix: "normal while a session runs; otherwise " + rebuild})
+	} else if pos.End > st.pos.offset && pos.End <= catchUp().offset && s.snapshotInLedger(pos) {
+		// appended since
+	} else if pos.End != st.pos.offset || pos.Hash != st.pos.hash {
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("does not reflect the ledger (reflects the record ending at byte %d with hash %.12s…, the ledger's record there ends at byte %d with hash %.12s…)", pos.End, pos.Hash, st.pos.offset, st.pos.hash),
+			Fix: rebuild})
 	}
 	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
 	if seq, err := nextStepsSeq(np); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
-	} else if seq < settled || seq > st.pos.seq {
-		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("reflects seq %d, the ledger is at seq %d", seq, st.pos.seq),
-			Fix: "the next Open or " + s.repairCmd() + " rebuilds it"})
+		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: rebuild})
+	} else if seq < settled {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("behind the ledger (reflects seq %d, the ledger is at seq %d)", seq, st.pos.seq),
+			Fix: "normal while a session runs; otherwise " + rebuild})
+	} else if seq > st.pos.seq && seq > catchUp().seq {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("ahead of the ledger (reflects seq %d, the ledger is at seq %d)", seq, catchUp().seq),
+			Fix: rebuild})
 	}
+}
+
+// readOn returns the chain of the ledger as it stands now, read on from
+// c: where the last whole record that continues it ends (c itself when
+// the ledger cannot be read).
+func (s *dirStore) readOn(c chain) chain {
+	f, lp, err := openLedger(s.fs, s.dir)
+	if err != nil {
+		return c
+	}
+	defer f.Close()
+	size, err := fileSize(f)
+	if err != nil || size <= c.offset {
+		return c
+	}
+	_, _ = replay(io.NewSectionReader(f, c.offset, size-c.offset), lp, &c, nil) // c stays at the last good record
+	return c
+}
+
+// snapshotInLedger reports whether the ledger holds, now, the record a
+// manifest reflects (pos).
+func (s *dirStore) snapshotInLedger(pos snapshotPos) bool {
+	f, _, err := openLedger(s.fs, s.dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	_, ok := snapshotHolds(f, pos)
+	return ok
 }
 
 // nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its

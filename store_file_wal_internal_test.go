@@ -459,3 +459,52 @@ func BenchmarkInspectWithJournal(b *testing.B) {
 		}
 	}
 }
+
+// TestVerifyLiveRun: Verify of a run that another session appends to
+// meanwhile (through the journal) finds nothing wrong: records appended
+// after it measured the ledger are neither journal-only records nor a
+// handoff or a manifest ahead of the ledger. (A manifest behind the
+// ledger is said to be normal while a session runs: it is rewritten at
+// most every ManifestInterval.)
+func TestVerifyLiveRun(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	opts := ringOptions(faultfs.New())
+	opts.ManifestInterval = -1 // projections as fresh as can be
+	r, err := Open(dir, opts)
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, doWrite(r, "first", "x"))
+	stop := make(chan struct{})
+	wrote := make(chan int)
+	go func() {
+		n := 0
+		defer func() { wrote <- n }()
+		for ; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if doWrite(r, fmt.Sprintf("s%05d", n), "x") != nil {
+				return
+			}
+		}
+	}()
+	var problems []string
+	for range 300 {
+		rep, err := Verify(dir)
+		require.NoError(t, err)
+		for _, p := range rep.Problems {
+			if !strings.HasPrefix(p.What, "behind the ledger") {
+				problems = append(problems, p.String())
+			}
+		}
+	}
+	close(stop)
+	n := <-wrote
+	require.Greater(t, n, 10, "the writer wrote while Verify ran")
+	if !assert.Empty(t, len(problems), "problems in 300 Verifies of a live run") {
+		t.Log(strings.Join(problems[:min(4, len(problems))], "\n"))
+	}
+	requireVerified(t, dir)
+}
