@@ -408,3 +408,25 @@ func TestBadInputNothingLost(t *testing.T) {
 	assert.Equal(t, runstate.StateComplete, x.State)
 	assert.WithinDuration(t, time.Now(), x.DoneAt, time.Minute)
 }
+
+// TestValueAfterPrefixRefused: a Value named "after:X" would be recorded
+// under the name After("X") records its fingerprint under, one silently
+// replacing the other; Begin refuses it and records nothing.
+func TestValueAfterPrefixRefused(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	require.NoError(t, r.Do(ctx, "x", func(context.Context, *runstate.Stage) error { return nil }))
+	before := readLedgerBytes(t, dir)
+	for _, inputs := range [][]runstate.Input{
+		{runstate.Value("after:x", 1)},
+		{runstate.After("x"), runstate.Value("after:x", 1)},
+		{runstate.Value("after:x", 1), runstate.After("x")},
+	} {
+		_, err := r.Begin(ctx, "s", inputs...)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, runstate.ErrInvalid)
+		assert.Contains(t, err.Error(), `Value("after:x")`)
+		assert.Contains(t, err.Error(), "reserved")
+	}
+	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
+}

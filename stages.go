@@ -51,7 +51,9 @@ func File(path string) Input { return Input{kind: inputFile, name: path} }
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
 // model name. v must marshal with encoding/json (an error shows at
 // Begin or Do); it is encoded at once, so later changes to v do not count.
-// Safe for concurrent use (with v not being changed meanwhile).
+// A name that begins with "after:" is refused at Begin (ErrInvalid): After
+// records its inputs under such names. Safe for concurrent use (with v not
+// being changed meanwhile).
 func Value(name string, v any) Input {
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -204,6 +206,11 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 				ev.given[name] = in.name
 			}
 		case inputValue:
+			if strings.HasPrefix(in.name, "after:") {
+				// After's fingerprints are recorded under these names: one
+				// would silently replace the other.
+				return nil, fmt.Errorf("%w: Value(%q): the prefix \"after:\" is reserved for After's inputs; name the value otherwise", ErrInvalid, in.name)
+			}
 			ev.inputs[in.name] = in.fp
 		case inputAfter:
 			st := strings.TrimPrefix(in.name, "after:")
