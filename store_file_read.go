@@ -183,8 +183,13 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 		}
 		return *now
 	}
+	// Both projections are read before the ledger is read on: what they
+	// reflect was appended before they were written.
 	mp := filepath.Join(s.dir, manifestFile)
-	if data, err := readFile(s.fs, mp, maxManifest); err != nil {
+	data, merr := readFile(s.fs, mp, maxManifest)
+	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
+	seq, nerr := nextStepsSeq(np)
+	if err := merr; err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: rebuild})
 	} else if _, pos, err := decodeManifest(data); err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: rebuild})
@@ -197,9 +202,8 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("does not reflect the ledger (reflects the record ending at byte %d with hash %.12s…, the ledger's record there ends at byte %d with hash %.12s…)", pos.End, pos.Hash, st.pos.offset, st.pos.hash),
 			Fix: rebuild})
 	}
-	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
-	if seq, err := nextStepsSeq(np); err != nil {
-		rep.Problems = append(rep.Problems, Problem{File: np, What: err.Error(), Fix: rebuild})
+	if nerr != nil {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: nerr.Error(), Fix: rebuild})
 	} else if seq < settled {
 		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("behind the ledger (reflects seq %d, the ledger is at seq %d)", seq, st.pos.seq),
 			Fix: "normal while a session runs; otherwise " + rebuild})
