@@ -32,6 +32,12 @@ import (
 // run's address (no password), so that 'runstate status workDir' finds
 // the run. They are views, never read back: the database is the truth.
 //
+// Open waits for locks (the run's, while another session has it alone;
+// the run's head row, while another session's batch holds it) as long as
+// ctx allows, and Options.LockTimeout when set: a wait that ctx ends fails
+// with ctx's error (and runstate.ErrLockTimeout at its deadline), leaving
+// no lock, no session and no record behind.
+//
 // Open fails with runstate.ErrMismatch when the run serves another
 // Request, as Open does for a directory, and with runstate.ErrInvalid
 // for a run name that breaks the rule of stage names (valid UTF-8 of at
@@ -52,8 +58,12 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	// The views in workDir are the store's (ViewWorkDir, publish.go), and
 	// the errors OpenStore's (an ErrMismatch names the run in the
 	// database), as for a Run that runstate.OpenStore(db.Store(run), ...)
-	// opened.
-	return runstate.OpenStore(db.Store(run), workDir, opts)
+	// opened. OpenStore takes no context: the store's waits take ctx
+	// from s.opening while it runs.
+	s := db.reader(run)
+	s.opening.Store(&ctx)
+	defer s.opening.Store(nil)
+	return runstate.OpenStore(s, workDir, opts)
 }
 
 // Inspect returns the status of the run named run as its records stand,

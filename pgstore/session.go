@@ -121,31 +121,40 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 	if err != nil {
 		return nil, err
 	}
+	ok := false
+	defer func() {
+		if !ok {
+			// Nothing is left behind: no lock (the run's, its want lock,
+			// the session's), no backend still waiting for one.
+			pid := conn.PgConn().PID()
+			closeNow(conn)
+			waitBackendGone(db, pid)
+		}
+	}()
 	// The run's lock first, shared: it may wait for a session that has the
 	// run alone, and nothing else is held meanwhile.
 	if err := s.shareRun(ctx, conn); err != nil {
-		conn.Close(ctx)
 		return nil, err
 	}
-	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.key).Scan(&ok); err != nil {
-		conn.Close(ctx)
+	var got bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.key).Scan(&got); err != nil {
 		return nil, db.connectError(err)
 	}
-	if !ok {
-		conn.Close(ctx)
+	if !got {
 		return nil, fmt.Errorf("pgstore: session %s: its lock (advisory lock %d) is held by another connection (a session id used twice?); open the run again", id, s.key)
 	}
 	if err := checkDirect(ctx, conn, s.key); err != nil {
-		conn.Close(ctx)
 		return nil, fmt.Errorf("pgstore: session %s on %s: %w", id, db.where, err)
 	}
 	host, _ := os.Hostname()
 	if _, err := conn.Exec(ctx, db.sql(`INSERT INTO {s}.sessions (id, run_id, lock_key, host, pid) VALUES ($1, $2, $3, $4, $5)`),
 		id, runID, s.key, host, os.Getpid()); err != nil {
-		conn.Close(ctx)
+		if cerr := ctx.Err(); cerr != nil { // the run's row locked FOR UPDATE (FOR KEY SHARE waits for it)
+			return nil, fmt.Errorf("pgstore: session %s: recording the session on run %s: %w; nothing was recorded: see pg_stat_activity for who holds the run's row in %s.runs", id, runID, lockTimeout(cerr), db.schema)
+		}
 		return nil, db.rightsError("record session "+id, err)
 	}
+	ok = true
 	s.conn, s.lastOK = conn, time.Now()
 	s.closing, s.cancel = context.WithCancel(context.Background())
 	go s.ping()
@@ -397,8 +406,13 @@ func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
 		err = conn.SendBatch(ctx, &pb).Close()
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go (see pg_stat_activity for 'runstate session' connections): %w; nothing was recorded", s.id, s.runID, ctx.Err())
+		if cerr := ctx.Err(); cerr != nil {
+			timeout := ""
+			if errors.Is(cerr, context.DeadlineExceeded) {
+				timeout = ", or give Open a longer deadline"
+			}
+			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go: %w; nothing was recorded: see pg_stat_activity for the 'runstate session' connection that holds advisory lock %d exclusive (a frozen process?)%s",
+				s.id, s.runID, lockTimeout(cerr), s.runKey, timeout)
 		}
 		return s.db.connectError(err)
 	}
@@ -602,6 +616,32 @@ func (s *session) close(clean bool) {
 	pb.Queue("SELECT pg_advisory_unlock_all()") // the session's lock, the run's (shared, and exclusive if alone)
 	_ = conn.SendBatch(ctx, &pb).Close()
 	_ = conn.Close(ctx)
+}
+
+// lockTimeout is a context's error for a wait that it ended: a deadline
+// also wraps runstate.ErrLockTimeout, as the file store's lock waits do.
+func lockTimeout(cerr error) error {
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", runstate.ErrLockTimeout, cerr)
+	}
+	return cerr
+}
+
+// waitBackendGone waits, at most a second, until the server has ended
+// the backend pid of a connection just closed (closeNow): its session
+// locks are then free, and a statement it was waiting in is over (pgx
+// asks the server to cancel it when a context ends the wait).
+func waitBackendGone(db *DB, pid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for {
+		var alive bool
+		err := db.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", int64(pid)).Scan(&alive)
+		if err != nil || !alive {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // waitAdvisoryFree waits, as long as ctx allows, until the server has
