@@ -60,8 +60,10 @@ const serverSQL = `SELECT current_setting('fsync') = 'off', EXISTS (SELECT FROM 
 // then), for a user who may not create the schema, with the GRANT to
 // run, through a pooler that shares server sessions among clients
 // (pgbouncer pool_mode=transaction: see the package doc, Poolers), with
-// what to do, and for a server older than PostgreSQL 12, naming its
-// version.
+// what to do, for a server older than PostgreSQL 12, naming its
+// version, and for a URL DSN whose user or password holds an '@', '/',
+// '?' or '#' that is not percent-encoded (where the password ends is then
+// a guess), saying how to encode it. No error shows the DSN's password.
 func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
 
 // ConnectReadOnly is Connect for programs that only read runs (a status
@@ -71,13 +73,16 @@ func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx,
 func ConnectReadOnly(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, false) }
 
 func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
+	if err := checkUserinfo(dsn); err != nil {
+		return nil, err
+	}
 	dsn, schema, err := splitSchema(dsn)
 	if err != nil {
 		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: cannot parse the DSN: %w (expected postgres://USER@HOST:PORT/DATABASE?schema=NAME)", err)
+		return nil, parseError(err)
 	}
 	if s, ok := cfg.ConnConfig.RuntimeParams["schema"]; ok { // key=value form
 		delete(cfg.ConnConfig.RuntimeParams, "schema")
@@ -174,6 +179,56 @@ func splitSchema(dsn string) (rest, schema string, err error) {
 		return base, schema, nil
 	}
 	return base + "?" + strings.Join(keep, "&"), schema, nil
+}
+
+// checkUserinfo refuses a URL DSN whose user or password holds an '@',
+// '/', '?' or '#' that is not percent-encoded: where the userinfo ends is
+// then a guess, and pgx guessed otherwise than the user meant (part of the
+// password became the host, the port or the database, and so reached the
+// messages that name them). An '@' after the host (in the path, the
+// fragment or a parameter's name) is such a character, as is a second '@'
+// before it. The error shows no part of the DSN.
+func checkUserinfo(dsn string) error {
+	rest, ok := strings.CutPrefix(dsn, "postgres://")
+	if !ok {
+		rest, ok = strings.CutPrefix(dsn, "postgresql://")
+	}
+	if !ok || !strings.Contains(rest, "@") {
+		return nil
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	ambiguous := strings.Count(rest[:end], "@") > 1
+	rest, fragment, _ := strings.Cut(rest[end:], "#")
+	path, query, _ := strings.Cut(rest, "?")
+	ambiguous = ambiguous || strings.Contains(fragment, "@") || strings.Contains(path, "@")
+	for _, kv := range strings.Split(query, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		ambiguous = ambiguous || strings.ContainsAny(k, "@/")
+	}
+	if !ambiguous {
+		return nil
+	}
+	return errors.New(`pgstore: the DSN is ambiguous (not shown: it may hold a password): an '@', '/', '?' or '#' in its user or password must be percent-encoded: '@' as %40, '/' as %2F, '?' as %3F, '#' as %23 (an '@' in the database name too); or leave the password out of the DSN and set PGPASSWORD or ~/.pgpass`)
+}
+
+// parseError is Connect's error for a DSN that pgx cannot parse: pgx's
+// reason without pgx's copy of the DSN, whose password it masks only as
+// far as it can tell where the password ends (a key=value DSN's
+// "password=se\ cret" kept "cret").
+func parseError(err error) error {
+	reason := "pgx cannot read it"
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		// "cannot parse `DSN`: reason": pgx's reasons hold no backquote.
+		msg := pe.Error()
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			reason = msg[i+len("`: "):]
+		}
+	}
+	return fmt.Errorf("pgstore: cannot parse the DSN (not shown: it may hold a password): %s; expected postgres://USER@HOST:PORT/DATABASE?schema=NAME or key=value pairs (host=H port=P dbname=D user=U)", reason)
 }
 
 // checkSchemaName refuses names PostgreSQL would truncate or that are empty.
