@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +34,7 @@ type DB struct {
 	// lockCfg is the configuration of the session lock connections
 	// (session.go): the pool's, with keepalives and tcp_user_timeout.
 	lockCfg *pgx.ConnConfig
+	sslmode string   // the DSN's (else PGSSLMODE's), for Address; "": not given
 	stmts   sync.Map // statement templates → with the schema (sql)
 	// lz4: the server compresses with lz4 (PostgreSQL 14 or later, built
 	// with it): a manifest is stored with it (queuePublish).
@@ -96,7 +98,10 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	if err := checkSchemaName(schema); err != nil {
 		return nil, err
 	}
-	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig)}
+	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig), sslmode: dsnSetting(dsn, "sslmode")}
+	if db.sslmode == "" {
+		db.sslmode = os.Getenv("PGSSLMODE") // pgx's default too
+	}
 	// Every connection notices a server it can no longer reach within
 	// about userTimeout, instead of the kernel's minutes: keepalives
 	// when idle, TCP_USER_TIMEOUT (Linux) while data waits for an ACK;
@@ -229,6 +234,55 @@ func parseError(err error) error {
 		}
 	}
 	return fmt.Errorf("pgstore: cannot parse the DSN (not shown: it may hold a password): %s; expected postgres://USER@HOST:PORT/DATABASE?schema=NAME or key=value pairs (host=H port=P dbname=D user=U)", reason)
+}
+
+// dsnSetting is the value the DSN gives key: a URL's query parameter, or
+// a key=value DSN's value (unquoted, its backslash escapes undone, as
+// libpq reads it); "" when it gives none or cannot be read.
+func dsnSetting(dsn, key string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return ""
+		}
+		return u.Query().Get(key)
+	}
+	value := ""
+	for s := dsn; ; {
+		s = strings.TrimLeft(s, " \t\n\r\f\v")
+		k, rest, ok := strings.Cut(s, "=")
+		if !ok {
+			return value
+		}
+		k = strings.TrimSpace(k)
+		s = strings.TrimLeft(rest, " \t\n\r\f\v")
+		var v strings.Builder
+		quoted := strings.HasPrefix(s, "'")
+		if quoted {
+			s = s[1:]
+		}
+		i := 0
+		for ; i < len(s); i++ {
+			c := s[i]
+			if c == '\\' && i+1 < len(s) {
+				i++
+				v.WriteByte(s[i])
+				continue
+			}
+			if quoted && c == '\'' {
+				i++
+				break
+			}
+			if !quoted && strings.IndexByte(" \t\n\r\f\v", c) >= 0 {
+				break
+			}
+			v.WriteByte(c)
+		}
+		s = s[i:]
+		if k == key {
+			value = v.String() // the last one counts, as in libpq
+		}
+	}
 }
 
 // checkSchemaName refuses names PostgreSQL would truncate or that are empty.

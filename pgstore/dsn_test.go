@@ -2,11 +2,15 @@ package pgstore
 
 import (
 	"context"
+	"crypto/tls"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,4 +79,102 @@ func TestConnectParseErrorShowsNoPassword(t *testing.T) {
 		assert.NotContains(t, err.Error(), "Zq7", c.dsn)
 		assert.NotContains(t, err.Error(), "Wk", c.dsn)
 	}
+}
+
+// DB.Address names the server as the DSN did: a Unix socket's directory,
+// a port other than 5432, every host of a list, sslmode (from the DSN,
+// else PGSSLMODE), the database and the user; never the password. Read
+// back (without run=, as the runstate command reads it), it connects to
+// the same place the same way.
+func TestAddressRoundTrips(t *testing.T) {
+	t.Setenv("PGSSLMODE", "") // pgx reads it too
+	for _, dsn := range []string{
+		"postgres://alice:Zq7Wk@127.0.0.1:5433/billing?sslmode=disable",
+		"postgres://alice:Zq7Wk@db.example:5432/billing?sslmode=require",
+		"postgres://alice@h1:5432,h2:5434/billing?sslmode=verify-full",
+		"postgres://alice@%2Fvar%2Frun%2Fpostgresql:5433/billing",
+		"postgres:///billing?host=/var/run/postgresql&user=alice&password=Zq7Wk",
+		"host=/tmp/pg port=5439 dbname='my db' user=alice password='Zq7 Wk'",
+		"host=127.0.0.1 port=5439 dbname=billing user=alice sslmode='allow'",
+		"postgres://alice@127.0.0.1/billing?schema=s2",
+	} {
+		rest, _, err := splitSchema(dsn)
+		require.NoError(t, err)
+		cfg, err := pgconn.ParseConfig(rest)
+		require.NoError(t, err, dsn)
+		db := &DB{schema: DefaultSchema, lockCfg: &pgx.ConnConfig{Config: *cfg}, sslmode: dsnSetting(rest, "sslmode")}
+		if strings.Contains(dsn, "schema=s2") {
+			db.schema = "s2"
+		}
+		addr := db.Address("billing-1")
+		assert.NotContains(t, addr, "Zq7", "%s: the address holds no password", dsn)
+		dsn2, run, err := cutRun(addr)
+		require.NoError(t, err, addr)
+		assert.Equal(t, "billing-1", run, addr)
+		rest2, schema, err := splitSchema(dsn2)
+		require.NoError(t, err, addr)
+		if db.schema != DefaultSchema {
+			assert.Equal(t, db.schema, schema, addr)
+		}
+		got, err := pgconn.ParseConfig(rest2)
+		require.NoError(t, err, addr)
+		assert.Equal(t, hosts(cfg), hosts(got), "%s -> %s: hosts and ports", dsn, addr)
+		assert.Equal(t, cfg.Database, got.Database, addr)
+		assert.Equal(t, cfg.User, got.User, addr)
+		assert.Equal(t, dsnSetting(rest, "sslmode"), dsnSetting(rest2, "sslmode"), addr)
+		assert.Equal(t, tlsShape(cfg), tlsShape(got), "%s -> %s: TLS", dsn, addr)
+		t.Logf("%s\n  -> %s", dsn, addr)
+	}
+
+	// The test server's address connects to its schema.
+	db := newTestDB(t)
+	dsn, run, err := cutRun(db.Address("r"))
+	require.NoError(t, err)
+	assert.Equal(t, "r", run)
+	back, err := ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err, dsn)
+	defer back.Close()
+	assert.Equal(t, db.Address("r"), back.Address("r"))
+}
+
+// cutRun removes run=NAME from an address (as the runstate command does).
+func cutRun(addr string) (string, string, error) {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return "", "", err
+	}
+	q := u.Query()
+	run := q.Get("run")
+	q.Del("run")
+	u.RawQuery = q.Encode()
+	return u.String(), run, nil
+}
+
+func hosts(c *pgconn.Config) []string {
+	list := []string{c.Host + ":" + strconv.Itoa(int(c.Port))}
+	for _, f := range c.Fallbacks {
+		if hp := f.Host + ":" + strconv.Itoa(int(f.Port)); hp != list[len(list)-1] {
+			list = append(list, hp)
+		}
+	}
+	return list
+}
+
+// tlsShape is whether each try of c uses TLS, and checks the server's name.
+func tlsShape(c *pgconn.Config) []string {
+	shape := func(t *tls.Config) string {
+		switch {
+		case t == nil:
+			return "plain"
+		case t.InsecureSkipVerify:
+			return "tls"
+		default:
+			return "tls verify " + t.ServerName
+		}
+	}
+	list := []string{shape(c.TLSConfig)}
+	for _, f := range c.Fallbacks {
+		list = append(list, shape(f.TLSConfig))
+	}
+	return list
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
@@ -144,26 +146,52 @@ func (db *DB) Runs(ctx context.Context) ([]string, error) {
 }
 
 // Address is the run's address for the runstate command, without the
-// password: postgres://USER@HOST:PORT/DATABASE?schema=S&run=NAME. It
-// reads nothing from the server (the run need not exist). Safe for
-// concurrent use.
+// password: postgres://USER@HOST:PORT/DATABASE?run=NAME, with schema=S
+// for a schema other than runstate, sslmode as the DSN (or PGSSLMODE)
+// gave it, every host of a list (HOST:PORT,HOST2:PORT2), and a Unix
+// socket's directory and port as host=DIR&port=PORT: read back, it
+// connects to the same server, database and user, the same way. It reads
+// nothing from the server (the run need not exist). Safe for concurrent
+// use.
 func (db *DB) Address(run string) string {
 	c := db.lockCfg
-	u := url.URL{Scheme: "postgres", User: url.User(c.User), Host: hostPort(c.Host, c.Port), Path: "/" + c.Database}
+	u := url.URL{Scheme: "postgres", Path: "/" + c.Database}
+	if c.User != "" {
+		u.User = url.User(c.User)
+	}
+	var hosts, ports []string // the host list, as pgx tries it (Fallbacks: each host once per TLS try)
+	socket := false
+	add := func(host string, port uint16) {
+		p := strconv.Itoa(int(port))
+		if n := len(hosts); n > 0 && hosts[n-1] == host && ports[n-1] == p {
+			return
+		}
+		hosts, ports = append(hosts, host), append(ports, p)
+		socket = socket || strings.HasPrefix(host, "/")
+	}
+	add(c.Host, c.Port)
+	for _, f := range c.Fallbacks {
+		add(f.Host, f.Port)
+	}
 	q := url.Values{}
+	if socket { // a directory cannot be a URL's host
+		q.Set("host", strings.Join(hosts, ","))
+		q.Set("port", strings.Join(ports, ","))
+	} else {
+		for i := range hosts {
+			hosts[i] = net.JoinHostPort(hosts[i], ports[i])
+		}
+		u.Host = strings.Join(hosts, ",")
+	}
+	if db.sslmode != "" {
+		q.Set("sslmode", db.sslmode)
+	}
 	if db.schema != DefaultSchema {
 		q.Set("schema", db.schema)
 	}
 	q.Set("run", run)
-	u.RawQuery = q.Encode()
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "%2F", "/") // a '/' needs no escape in a query: host=/var/run/postgresql
 	return u.String()
-}
-
-func hostPort(host string, port uint16) string {
-	if len(host) > 0 && host[0] == '/' { // a Unix socket directory
-		return ""
-	}
-	return host + ":" + strconv.Itoa(int(port))
 }
 
 // reader is the store of run for reading only.
