@@ -23,10 +23,15 @@ type store struct {
 	mu    sync.Mutex
 	runID string   // runs.id, once known
 	ses   *session // nil until Open, and for readers
-	blobs *blobStore
-	pub   published // projections not yet written (Batch.Publish)
-	opt   optimism  // whether the next batch may skip the lock (optimistic.go)
-	ahead ahead     // the pipeline of a session alone on its run (ahead.go)
+	// used: Open was called (a store serves one Run); refused counts the
+	// Opens it refused for that, whose Close (runstate.OpenStore's
+	// cleanup) must leave the Run's session alone.
+	used    bool
+	refused int
+	blobs   *blobStore
+	pub     published // projections not yet written (Batch.Publish)
+	opt     optimism  // whether the next batch may skip the lock (optimistic.go)
+	ahead   ahead     // the pipeline of a session alone on its run (ahead.go)
 	// opening is DB.Open's context while it runs runstate.OpenStore,
 	// which passes the store none of its own: Open and Lock wait no
 	// longer than it allows (within).
@@ -36,7 +41,9 @@ type store struct {
 // Store returns the runstate.Store of the run named run, for
 // runstate.OpenStore and the store-generic readers (and the conformance
 // suite). Nothing is read or written until it is used. It is safe for
-// concurrent use; one store serves one session (OpenStore opens it once).
+// concurrent use; one store serves one Run: a second OpenStore of it
+// fails with runstate.ErrInvalid and leaves the first Run as it was (call
+// Store again for each Run).
 // runstate.OpenStore(db.Store(run), workDir, opts) is DB.Open without its
 // checks of the arguments: the same session, and the same views in workDir
 // (a runstate.WorkDirViewer: logs/next-steps.txt, manifest.json,
@@ -54,6 +61,16 @@ func (db *DB) Store(run string) runstate.Store {
 func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Position, error) {
 	ctx, done := s.within(ctx)
 	defer done()
+	s.mu.Lock()
+	used := s.used
+	if used {
+		s.refused++
+	}
+	s.used = true
+	s.mu.Unlock()
+	if used {
+		return nil, runstate.Position{}, fmt.Errorf("%w: pgstore: %s: this Store value was opened already (one Store value serves one Run, once): call db.Store(%q) again for another Run, or use db.Open", runstate.ErrInvalid, s, s.name)
+	}
 	if err := checkRunName(s.name); err != nil {
 		return nil, runstate.Position{}, err
 	}
@@ -237,6 +254,13 @@ func (s *store) Blobs() runstate.Blobs { return s.blobs }
 // Close ends the session: clean, its lock released and its row removed;
 // otherwise as a killed process would. Close is idempotent.
 func (s *store) Close(clean bool) error {
+	s.mu.Lock()
+	if s.refused > 0 { // the cleanup of an Open refused: not this store's Run
+		s.refused--
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
 	s.closeAhead(clean)
 	s.pub.close(clean) // the working directory's last view, the idle writes (publish.go)
 	s.mu.Lock()
