@@ -120,9 +120,7 @@ func TestOpenContextBoundsItsWaits(t *testing.T) {
 				require.NoError(t, db.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`,
 					conn.PgConn().PID()).Scan(&waiting))
 				assert.Zero(t, waiting, "backends still waiting for a lock the holder holds")
-				var sessions int
-				require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.sessions`)).Scan(&sessions))
-				assert.Zero(t, sessions, "sessions rows")
+				assert.Zero(t, sessionRows(t, db), "sessions rows")
 
 				// Once the holder lets go, the run opens as before.
 				release()

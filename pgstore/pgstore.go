@@ -41,9 +41,11 @@ import (
 // no lock, no session and no record behind.
 //
 // Open fails with runstate.ErrMismatch when the run serves another
-// Request, as Open does for a directory, and with runstate.ErrInvalid
-// for a run name that breaks the rule of stage names (valid UTF-8 of at
-// most 256 bytes, no control character, no space at either end).
+// Request, as Open does for a directory, or when workDir is another
+// run's working directory (its logs/run.json names another run id), and
+// with runstate.ErrInvalid for a run name that breaks the rule of stage
+// names (valid UTF-8 of at most 256 bytes, no control character, no space
+// at either end).
 func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Options) (*runstate.Run, error) {
 	if err := checkRunName(run); err != nil {
 		return nil, err

@@ -221,6 +221,9 @@ func (s *store) writeKept(all, started bool) {
 // logs/run.json at once (no fsync: a view) and the projections of the
 // open batch within viewsEvery. Safe for concurrent use with Publish.
 func (s *store) ViewWorkDir(dir, runID string) error {
+	if err := checkWorkDir(dir, runID); err != nil {
+		return err
+	}
 	v, err := newViews(dir)
 	if err != nil {
 		return err
@@ -244,6 +247,23 @@ func (s *store) ViewWorkDir(dir, runID string) error {
 	// Best effort, as the other views: the run is open either way.
 	_ = v.writeRun(runJSON{Store: "postgres", Address: s.db.Address(s.name), Schema: s.db.schema, Run: s.name, ID: runID})
 	return nil
+}
+
+// checkWorkDir refuses a working directory whose logs/run.json names
+// another run (another id): two runs in one directory would mix their
+// outputs and views. A file that cannot be read as one is rewritten.
+func checkWorkDir(dir, runID string) error {
+	path := filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var rj runJSON
+	if json.Unmarshal(data, &rj) != nil || rj.ID == "" || rj.ID == runID {
+		return nil
+	}
+	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; this run's id is %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
+		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, runID, path)
 }
 
 // newest is data at at, unless it is nil or cur is newer.

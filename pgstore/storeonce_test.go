@@ -31,13 +31,10 @@ func TestOpenStoreTwiceOnOneStoreIsRefused(t *testing.T) {
 
 	require.NoError(t, a.Do(ctx, "x", func(context.Context, *runstate.Stage) error { return nil }),
 		"the first Run still records")
-	var sessions int
-	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.sessions`)).Scan(&sessions))
-	assert.Equal(t, 1, sessions, "one session: the first Run's")
+	assert.Equal(t, 1, sessionRows(t, db), "one session: the first Run's")
 	require.NoError(t, a.Close())
 
-	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.sessions`)).Scan(&sessions))
-	assert.Zero(t, sessions, "no session left after the first Run's Close")
+	assert.Zero(t, sessionRows(t, db), "no session left after the first Run's Close")
 	var runID string
 	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT id::text FROM {s}.runs WHERE name = 'r'`)).Scan(&runID))
 	var locks int
@@ -52,4 +49,13 @@ func TestOpenStoreTwiceOnOneStoreIsRefused(t *testing.T) {
 	c, err := runstate.OpenStore(db.Store("r"), t.TempDir(), opts)
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
+}
+
+// sessionRows counts the rows of db's sessions table: one for each open
+// session.
+func sessionRows(t *testing.T, db *DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.pool.QueryRow(context.Background(), db.sql(`SELECT count(*) FROM {s}.sessions`)).Scan(&n))
+	return n
 }
