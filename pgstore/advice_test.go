@@ -98,3 +98,43 @@ func TestCorruptErrorNamesTheRunsAddress(t *testing.T) {
 		assert.NotContains(t, err.Error(), dir, what)
 	}
 }
+
+// Errors that used to give pgx's or the server's bare words say what
+// happened and what to do: a DB used after its Close ("closed pool"), a
+// DSN with the runstate command's run= parameter (the server's
+// "unrecognized configuration parameter"), a schema name that PostgreSQL
+// reserves (pg_...).
+func TestAdviceForAClosedDBARunParameterAndAReservedSchema(t *testing.T) {
+	ctx := context.Background()
+	db := newTestDB(t)
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "advice"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	db.Close()
+	for name, call := range map[string]func() error{
+		"Open": func() error {
+			_, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "advice"})
+			return err
+		},
+		"Inspect": func() error { _, err := db.Inspect(ctx, "r"); return err },
+		"Runs":    func() error { _, err := db.Runs(ctx); return err },
+	} {
+		err := call()
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "was closed (DB.Close) before this call", name)
+		assert.NotContains(t, err.Error(), "closed pool", name)
+	}
+
+	for _, dsn := range []string{
+		testDSN(t) + "&run=billing",
+		"host=127.0.0.1 port=1 run=billing",
+	} {
+		_, err := Connect(ctx, dsn)
+		require.Error(t, err, dsn)
+		assert.Contains(t, err.Error(), "run= names a run for the runstate command; Connect takes the DSN without it: pass the run name to Open", dsn)
+	}
+
+	_, err = Connect(ctx, withSchema(testDSN(t), "pg_runs"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `schema name "pg_runs": PostgreSQL reserves names that begin with pg_`)
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,8 +35,9 @@ type DB struct {
 	// lockCfg is the configuration of the session lock connections
 	// (session.go): the pool's, with keepalives and tcp_user_timeout.
 	lockCfg *pgx.ConnConfig
-	sslmode string   // the DSN's (else PGSSLMODE's), for Address; "": not given
-	stmts   sync.Map // statement templates → with the schema (sql)
+	sslmode string      // the DSN's (else PGSSLMODE's), for Address; "": not given
+	closed  atomic.Bool // Close was called: errors say so (closedError)
+	stmts   sync.Map    // statement templates → with the schema (sql)
 	// lz4: the server compresses with lz4 (PostgreSQL 14 or later, built
 	// with it): a manifest is stored with it (queuePublish).
 	lz4 bool
@@ -85,6 +87,11 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, parseError(err)
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["run"]; ok {
+		// pgx would send it to the server as a setting: "unrecognized
+		// configuration parameter".
+		return nil, errors.New("pgstore: the DSN has a run parameter: run= names a run for the runstate command; Connect takes the DSN without it: pass the run name to Open")
 	}
 	if s, ok := cfg.ConnConfig.RuntimeParams["schema"]; ok { // key=value form
 		delete(cfg.ConnConfig.RuntimeParams, "schema")
@@ -146,8 +153,21 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 }
 
 // Close closes the pool. Runs opened through db must be closed first.
-// Close is idempotent and safe for concurrent use.
-func (db *DB) Close() { db.pool.Close() }
+// Close is idempotent and safe for concurrent use. Afterwards every call
+// that needs the database fails with an error that says db was closed.
+func (db *DB) Close() {
+	db.closed.Store(true)
+	db.pool.Close()
+}
+
+// closedError is the error of a call that needed the pool after Close
+// (pgx says only "closed pool"); nil while db is open.
+func (db *DB) closedError() error {
+	if !db.closed.Load() {
+		return nil
+	}
+	return fmt.Errorf("pgstore: the DB for %s was closed (DB.Close) before this call: close it only after its last use (and after the Runs opened through it), or Connect again", db.where)
+}
 
 // Schema is the name of the schema db uses. Safe for concurrent use.
 func (db *DB) Schema() string { return db.schema }
@@ -285,10 +305,14 @@ func dsnSetting(dsn, key string) string {
 	}
 }
 
-// checkSchemaName refuses names PostgreSQL would truncate or that are empty.
+// checkSchemaName refuses names PostgreSQL would truncate, refuse
+// (reserved) or that are empty.
 func checkSchemaName(s string) error {
 	if s == "" || len(s) > 63 || strings.ContainsRune(s, 0) {
 		return fmt.Errorf("pgstore: schema name %q: use 1 to 63 bytes", s)
+	}
+	if strings.HasPrefix(s, "pg_") {
+		return fmt.Errorf("pgstore: schema name %q: PostgreSQL reserves names that begin with pg_ for its system schemas: choose another (schema=NAME in the DSN)", s)
 	}
 	return nil
 }
@@ -300,6 +324,9 @@ func describe(c *pgx.ConnConfig) string {
 
 // connectError says what to check when the database cannot be reached.
 func (db *DB) connectError(err error) error {
+	if cerr := db.closedError(); cerr != nil {
+		return cerr
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {

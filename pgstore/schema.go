@@ -173,6 +173,9 @@ func (db *DB) create(ctx context.Context, tx pgx.Tx) error {
 // rightsError says which GRANT a user lacking a right needs, and what to
 // do where the server takes no writes from the connection (read-only).
 func (db *DB) rightsError(what string, err error) error {
+	if cerr := db.closedError(); cerr != nil {
+		return cerr
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
 		return fmt.Errorf("pgstore: cannot %s in %s: %w; the server takes no writes from this connection (a hot standby, or default_transaction_read_only on for this user, database or DSN): connect to the primary, or use pgstore.ConnectReadOnly to only read runs",
