@@ -21,7 +21,9 @@ import (
 
 // grace: a server that started less than this ago has lost every session
 // lock with its restart; sessions reconnect and take theirs again within
-// it, so until then none is taken for gone (DESIGN-pg.md §5).
+// it, so until then none is taken for gone (a session that opened before
+// the restart counts as alive: otherwise every session would be
+// interrupted at once by the first to reconnect).
 var grace = 10 * time.Second
 
 // batch is one append transaction on a pooled connection: the run's head

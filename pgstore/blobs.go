@@ -21,8 +21,9 @@ import (
 // chunkSize is the size of one blob_chunks row.
 const chunkSize = 1 << 20
 
-// MaxBlob caps one output's size in the database (DESIGN-pg.md §7): a
-// larger output needs a Blobs on an object store. Set it before Connect;
+// MaxBlob caps one output's size in the database (default 256 MiB, kept
+// in 1 MiB chunks): a larger output is refused (runstate.ErrInvalid), as
+// pgstore keeps outputs nowhere else. Set it before Connect;
 // changing it while runs are open is a data race.
 var MaxBlob int64 = 256 << 20
 

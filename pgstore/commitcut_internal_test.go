@@ -1,7 +1,7 @@
 package pgstore
 
-// The connection lost around COMMIT (DESIGN-pg.md §6, §10.5), on the
-// Store: a proxy between the store and the server cuts the batch's
+// The connection lost around COMMIT (resolve.go's commit ambiguity), on
+// the Store: a proxy between the store and the server cuts the batch's
 // connection before the COMMIT reaches the server or after the server
 // committed and before its reply reaches the store. Never "returned nil
 // but not recorded", never recorded twice.

@@ -142,10 +142,11 @@
 //
 // Besides the outputs, each work dir holds its session's view of the run,
 // as a run directory holds its projections: logs/next-steps.txt and
-// manifest.json (each naming the seq it reflects; rewritten about 100 ms
-// after a change at most (the Run renders the handoff at the store's pace,
-// runstate.Pacer) and at Close, off the append path; never read back: the
-// database is the truth), and logs/run.json, the run's address without a
+// manifest.json (each naming the seq it reflects; written off the append
+// path and at Close: the handoff within about 100 ms of a record (the Run
+// renders it at the store's pace, runstate.Pacer), the manifest when the
+// Run renders one, at most every Options.ManifestInterval; never read
+// back: the database is the truth), and logs/run.json, the run's address without a
 // password, so that 'runstate status DIR' there reads the run; the same for
 // a Run opened with DB.Open or with runstate.OpenStore(db.Store(name), dir,
 // opts) (the store is a runstate.WorkDirViewer). The handoff's "look at:"

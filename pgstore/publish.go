@@ -169,12 +169,11 @@ func (p *published) close(clean bool) {
 // PublishDue is runstate.Pacer: the Run renders the handoff only when a
 // write of it is due (published.due), so that a session that completes a
 // stage a millisecond renders it about twenty times a second, not a
-// thousand; a manifest is written whenever the Run gives one (every
-// Options.ManifestInterval: DESIGN-pg.md §9), but a large one only at
+// thousand; a manifest is written whenever the Run gives one (at most
+// every Options.ManifestInterval, on a record), but a large one only at
 // its pace (largePace), and the Run renders none before that. A handoff
-// the Run skips it
-// renders when its handoff timer (every 50 ms while the handoff lags)
-// finds one due: the working directory's handoff lags its session's
+// the Run skips it renders when its handoff timer (every 50 ms while the
+// handoff lags) finds one due: the working directory's handoff lags its session's
 // records by at most about two viewsEvery, the database's by about
 // handoffEvery. Safe for concurrent use.
 func (s *store) PublishDue() (manifest, handoff bool) {

@@ -1,6 +1,6 @@
 package pgstore
 
-// Commit ambiguity (DESIGN-pg.md §6). A COMMIT whose reply is lost (the
+// Commit ambiguity. A COMMIT whose reply is lost (the
 // connection broke, or the context ended, after it was sent) may or may
 // not have landed. Asking the table answers it by content, as DBOS's
 // "sameWrite" does: every line carries this session's id and a ns
@@ -37,9 +37,10 @@ type commitMark struct {
 }
 
 // CommitTimeout bounds how long resolveCommit tries to reach the database
-// after a connection was lost around a COMMIT (DESIGN-pg.md §6): past it
-// the outcome is unknown and the Run turns read-only; the next Open reads
-// the outcome from the table. Tests shorten it; set it before opening
+// (a new connection each try, with a growing pause) after a connection
+// was lost around a COMMIT, to read whether the batch's records are in
+// the table: past it the outcome is unknown and the Run turns read-only;
+// the next Open reads the outcome from the table. Tests shorten it; set it before opening
 // runs, it is not guarded for concurrent change.
 var CommitTimeout = 30 * time.Second
 

@@ -14,7 +14,7 @@ import (
 	"github.com/runstate/runstate"
 )
 
-// Liveness timing (DESIGN-pg.md §5): the lock connection is pinged every
+// Liveness timing: the lock connection is pinged every
 // pingEvery with a deadline of pingTimeout. When a ping fails the pinger
 // reconnects and takes the lock again, under the run's head row lock and
 // refused when a record names the session gone (so a re-hold is safe at

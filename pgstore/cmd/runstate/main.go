@@ -19,11 +19,12 @@
 // The pipeline commands (exec, effect, plan, skip, await), repair and ls
 // work on run directories only.
 //
-// Install it with
+// Build it from a checkout of the repository:
 //
-//	go install github.com/runstate/runstate/pgstore/cmd/runstate@latest
+//	cd pgstore && go build -o runstate ./cmd/runstate
 //
-// or, from a checkout, cd pgstore && go build -o runstate ./cmd/runstate.
+// (go install …@latest cannot build it: pgstore's go.mod has replace
+// directives, which go install refuses outside the main module.)
 package main
 
 import "github.com/runstate/runstate/cli"
