@@ -123,8 +123,8 @@
 // already have dropped the data. A failed write (a full disk) returns a
 // *WriteError and acknowledges nothing.
 //
-// A half-written last line (one without its '\n') was never acknowledged:
-// readers ignore it, and the next writer moves it aside
+// A half-written last line (one without its '\n', however long) was never
+// acknowledged: readers ignore it, and the next writer moves it aside
 // (logs/ledger.jsonl.torn-<time>) and cuts it off. Any other bad line, the
 // last one too (a torn append cannot end in '\n'), a crc that does not
 // match, a gap in seq or a broken prev chain is corruption: Open fails with
@@ -253,9 +253,9 @@
 //	         it unchanged: still format 1.)
 //
 // What a record may hold, so that every record acknowledged reads back
-// (the reader refuses a line longer than 16 MiB, or JSON nested deeper
-// than 10,000 levels): free text (error, reason, note, by) of at most
-// 64 KiB, longer text being cut to its first bytes followed by
+// (the reader refuses a line longer than 16 MiB, its '\n' included, or
+// JSON nested deeper than 10,000 levels): free text (error, reason, note,
+// by) of at most 64 KiB, longer text being cut to its first bytes followed by
 // "… [cut: N bytes]"; JSON values (a receipt, an effect's request, the
 // plan, a stage's input set, the run's request, revision and environment)
 // of at most 4 MiB, nested at most 200 levels (jq 1.6 stops at 256), with

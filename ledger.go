@@ -241,11 +241,12 @@ type chain struct {
 // checks each one continues the chain (seq+1, prev = hash of the line
 // before) and calls apply for it. It stops at the end of r.
 //
-// A last line without '\n' is a torn write: replay returns its start in
-// tornAt (-1 when there is none) and does not apply it. Any bad line that
-// ends in '\n', the last one too, is corruption (a torn append cannot end
-// in '\n': the writer wrote it whole and may have acknowledged it):
-// replay returns a *CorruptError naming path, the line and its byte
+// A last line without '\n', however long, is a torn write: replay returns
+// its start in tornAt (-1 when there is none) and does not apply it. Any
+// bad line that ends in '\n', the last one too, is corruption (a torn
+// append cannot end in '\n': the writer wrote it whole and may have
+// acknowledged it), and so is a line longer than maxLine that ends in
+// '\n': replay returns a *CorruptError naming path, the line and its byte
 // offset, and c stays at the last good record. The *Record passed to apply is reused for the
 // next line: apply must not keep it (the maps and slices in it are new
 // for each line and may be kept).
@@ -257,12 +258,12 @@ func replay(r io.Reader, path string, c *chain, apply func(*Record, []byte) erro
 		line, facts, rerr := src.next()
 		if rerr == errLineTooLong {
 			return -1, &CorruptError{Path: path, Line: int(c.seq + 1), Offset: c.offset,
-				Err: fmt.Errorf("line longer than %d bytes", maxLine)}
+				Err: fmt.Errorf("line longer than %d bytes (16 MiB, the most a writer writes) and ended by its newline, so not a torn append", maxLine)}
+		}
+		if rerr == io.EOF && len(line) > 0 || rerr == errTornTooLong {
+			return c.offset, nil // no '\n': torn
 		}
 		if rerr == io.EOF {
-			if len(line) > 0 {
-				return c.offset, nil // no '\n': torn
-			}
 			return -1, nil
 		}
 		if rerr != nil {

@@ -9,8 +9,13 @@ import (
 )
 
 // errLineTooLong is returned by a lineSource for a line longer than
-// maxLine; replay turns it into a *CorruptError.
+// maxLine that ends in '\n'; replay turns it into a *CorruptError.
 var errLineTooLong = errors.New("runstate: ledger line too long")
+
+// errTornTooLong is returned by a lineSource at the end of its input when
+// what follows the last '\n' is longer than maxLine: a torn tail like a
+// shorter one (a writer died mid-append), which replay does not apply.
+var errTornTooLong = errors.New("runstate: ledger ends in a torn line longer than the limit")
 
 // lineSource yields the lines of a ledger for replay, each with its facts
 // (its chain hash, whether its checksum matches, whether it is plain), so
@@ -18,9 +23,10 @@ var errLineTooLong = errors.New("runstate: ledger line too long")
 type lineSource interface {
 	// next returns the next line with its '\n' and the facts of the line
 	// without it (factsOf). At the end it returns what follows the last
-	// '\n' (maybe nothing), no facts and io.EOF; on a failed read or a
-	// line longer than maxLine, an error. The line is valid until the
-	// next call.
+	// '\n' (maybe nothing), no facts and io.EOF; when that is longer
+	// than maxLine, no line and errTornTooLong; on a failed read or a
+	// line longer than maxLine that ends in '\n', an error. The line is
+	// valid until the next call.
 	next() (line []byte, facts lineFacts, err error)
 	// stop ends the source; the reader is not read after stop returns.
 	stop()
@@ -73,23 +79,35 @@ func newLineSource(r io.Reader) lineSource {
 type syncLines struct {
 	br   *bufio.Reader
 	long []byte // a line longer than the buffer, gathered here
+	over bool   // the line is longer than maxLine: skipped, not gathered
 }
 
 func (s *syncLines) next() ([]byte, lineFacts, error) {
 	for {
 		line, err := s.br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
-			s.long = append(s.long, line...)
+			if !s.over {
+				s.long = append(s.long, line...)
+			}
 			if len(s.long) > maxLine {
-				return nil, lineFacts{}, errLineTooLong
+				// Read on to its end, without keeping it: only a '\n'
+				// tells a line too long from a torn tail.
+				s.long, s.over = nil, true
 			}
 			continue
 		}
+		over := s.over || len(s.long)+len(line) > maxLine // the '\n' counts, as for the writer
+		s.over = false
 		if s.long != nil {
 			line = append(s.long, line...)
 			s.long = nil
 		}
-		if err != nil {
+		switch {
+		case err == nil && over:
+			return nil, lineFacts{}, errLineTooLong
+		case err == io.EOF && over:
+			return nil, lineFacts{}, errTornTooLong
+		case err != nil:
 			return line, lineFacts{}, err
 		}
 		return line, factsOf(line[:len(line)-1]), nil

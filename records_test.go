@@ -86,6 +86,7 @@ func TestLastLineEndingInNewlineIsCorruptNotTorn(t *testing.T) {
 		"a record cut in two":     append(bytes.Clone(last[:len(last)-30]), last[len(last)-10:]...),
 		"an unterminated object":  []byte(`{"seq":13,"at":"2026-01-02T03:04:05Z","ev":"note"` + "\n"),
 		"a number, not an object": []byte("13\n"),
+		"longer than the limit":   append(bytes.Repeat([]byte("x"), 16<<20+1), '\n'),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -95,7 +96,11 @@ func TestLastLineEndingInNewlineIsCorruptNotTorn(t *testing.T) {
 				tail = append(tail, '\n')
 			}
 			require.NoError(t, os.WriteFile(ledgerPath(dir), append(bytes.Clone(good), tail...), 0o644))
-			assertRefused(t, dir, 13, int64(len(good)), "line 13")
+			what := "line 13"
+			if len(tail) > 16<<20 {
+				what = "longer than 16777216 bytes"
+			}
+			assertRefused(t, dir, 13, int64(len(good)), what)
 		})
 	}
 }

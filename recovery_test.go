@@ -460,7 +460,8 @@ func cutEveryOffset(t *testing.T, base string, step int) {
 
 // TestRecoveryTornTailOther covers the other shapes of a torn last line:
 // garbage and zeros (a file system that extended the file before the data
-// reached it), without a newline. (With one, the line is corruption:
+// reached it), and one longer than a line may be, without a newline.
+// (With one, the line is corruption:
 // TestLastLineEndingInNewlineIsCorruptNotTorn.)
 func TestRecoveryTornTailOther(t *testing.T) {
 	base, last := tornBase(t)
@@ -470,6 +471,9 @@ func TestRecoveryTornTailOther(t *testing.T) {
 		"garbage":     []byte("{\"seq\":12,\"at\":\"garb"),
 		"zeros":       make([]byte, 4096),
 		"half a line": bytes.Clone(last[:len(last)/2]),
+		// A big record cut short, with more bytes than the 16 MiB a
+		// line may take: still a torn tail, not a line too long.
+		"longer than the line limit": append(bytes.Clone(last[:len(last)/2]), bytes.Repeat([]byte("x"), 17<<20)...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
