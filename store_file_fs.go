@@ -139,18 +139,32 @@ func copyAtomic(fsys fileSystem, tmp, session, path string, r io.Reader, sync bo
 // saveTorn copies the ledger's bytes from..to (a torn tail, or bytes the
 // journal replaces) aside to logs/ledger.jsonl.torn-<time> through a temp
 // file, synced when sync is set, and returns that path. It does not cut
-// them: the caller truncates the ledger its own way.
+// them: the caller truncates the ledger its own way. It streams them, as
+// a torn last line is not held to the line limit.
 func saveTorn(fsys fileSystem, dir, session string, ledger file, from, to int64, sync bool) (string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	torn := make([]byte, to-from)
-	if _, err := ledger.ReadAt(torn, from); err != nil {
-		return "", fmt.Errorf("runstate: read torn tail of %s: %w", lp, err)
-	}
+	torn := &exactReader{r: io.NewSectionReader(ledger, from, to-from), n: to - from}
 	aside := lp + ".torn-" + time.Now().UTC().Format("20060102T150405.000000000Z")
-	if err := writeAtomic(fsys, filepath.Join(dir, filepath.FromSlash(tmpDir)), session, aside, torn, sync); err != nil {
+	if err := copyAtomic(fsys, filepath.Join(dir, filepath.FromSlash(tmpDir)), session, aside, torn, sync); err != nil {
 		return "", fmt.Errorf("runstate: save torn tail of %s to %s: %w", lp, aside, err)
 	}
 	return aside, nil
+}
+
+// exactReader reads r, which must hold n bytes: if it ends before, the
+// read fails with io.ErrUnexpectedEOF.
+type exactReader struct {
+	r io.Reader
+	n int64
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	k, err := e.r.Read(p)
+	e.n -= int64(k)
+	if err == io.EOF && e.n > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return k, err
 }
 
 // fileSize returns f's size without stat(2): it seeks to the end (reads

@@ -1,9 +1,12 @@
 package runstate
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -104,4 +107,37 @@ func TestReadFileLimit(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), p)
 	assert.Contains(t, err.Error(), "more than the 9 bytes")
+}
+
+// TestSaveTornStreams: saveTorn copies a torn tail aside whole without
+// holding it in memory (a torn last line is not held to the line limit),
+// and fails, naming the ledger, when the ledger ends before the bytes it
+// was asked to save.
+func TestSaveTornStreams(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, filepath.FromSlash(tmpDir)), 0o755))
+	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
+	const head, n = 100, 32 << 20
+	data := make([]byte, head+n)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	require.NoError(t, os.WriteFile(lp, data, 0o644))
+	f, err := os.Open(lp)
+	require.NoError(t, err)
+	defer f.Close()
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	aside, err := saveTorn(osFS{}, dir, "t", f, head, head+n, false)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "bytes allocated to save %d", n)
+	saved, err := os.ReadFile(aside)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data[head:], saved), "the torn bytes are saved as they were")
+
+	_, err = saveTorn(osFS{}, dir, "t", f, head, head+n+1, false)
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	assert.Contains(t, err.Error(), lp)
 }
