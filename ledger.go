@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/runstate/runstate/internal/escape"
 )
 
 // FormatVersion is the run directory format this package writes and reads.
@@ -295,14 +297,14 @@ func (p *replayer) line(body []byte) error { return p.step(body, lineFacts{hash:
 func (p *replayer) step(body []byte, facts lineFacts) error {
 	c := p.c
 	if perr := p.d.parseChecked(body, c.hash, &p.rec, facts); perr != nil {
-		return &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset, Err: perr}
+		return dosLineEnd(body, &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset, Err: perr})
 	}
 	if c.crc && !p.d.crc {
-		return &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset,
-			Err: errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)}
+		return dosLineEnd(body, &CorruptError{Path: p.path, Line: int(c.seq + 1), Offset: c.offset,
+			Err: errors.New(`no "crc" field, though the line before has one (the field was damaged or removed?)`)})
 	}
 	if err := c.check(p.path, &p.rec); err != nil {
-		return err
+		return dosLineEnd(body, err)
 	}
 	if p.apply != nil {
 		if err := p.apply(&p.rec, body); err != nil {
@@ -314,6 +316,29 @@ func (p *replayer) step(body []byte, facts lineFacts) error {
 	c.offset += int64(len(body) + 1)
 	c.crc = p.d.crc
 	return nil
+}
+
+// errCRLF is wrapped by the CorruptError for a bad line that ends in CR
+// LF: the ledger was converted to DOS line endings, not damaged.
+var errCRLF = errors.New("ends in CR LF: the file was converted to DOS line endings (an editor, git autocrlf, a Windows copy)")
+
+// dosLineEnd is err, the error for the bad line body, telling that body
+// ends in '\r' (errCRLF) when it does: the error the line gets otherwise
+// (its crc, its JSON, its hash) would send a person to restore or cut a
+// ledger that only needs converting back.
+func dosLineEnd(body []byte, err error) error {
+	var ce *CorruptError
+	if len(body) == 0 || body[len(body)-1] != '\r' || !errors.As(err, &ce) {
+		return err
+	}
+	ce.Err = fmt.Errorf("%w; %s and run verify", errCRLF, crlfFix(ce.Path))
+	return ce
+}
+
+// crlfFix says how to convert the file at path back to LF line endings.
+func crlfFix(path string) string {
+	p := escape.Arg(path)
+	return `convert it back (e.g. sed -i 's/\r$//' ` + p + " or dos2unix " + p + ")"
 }
 
 // position is c as a Store's Position, with lastLen the last line's length.

@@ -105,6 +105,43 @@ func TestLastLineEndingInNewlineIsCorruptNotTorn(t *testing.T) {
 	}
 }
 
+// A ledger converted to DOS line endings (every line, or every line from
+// some on, ends in "\r\n") is refused at its first such line with what
+// happened and how to convert it back, not with the crc, JSON or chain
+// error the line also has; Verify's fix says so too (not "restore" or
+// "cut"), and the ledger converted back verifies.
+func TestLedgerWithDOSLineEndings(t *testing.T) {
+	base := buildRun(t)
+	good := readLedgerBytes(t, base)
+	for _, from := range []int{1, 6} { // the first line converted
+		t.Run(fmt.Sprintf("from line %d", from), func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.CopyFS(dir, os.DirFS(base)))
+			lines := bytes.SplitAfter(good, []byte("\n"))
+			at := int64(len(bytes.Join(lines[:from-1], nil)))
+			crlf := append(bytes.Clone(good[:at]), bytes.ReplaceAll(good[at:], []byte("\n"), []byte("\r\n"))...)
+			require.NoError(t, os.WriteFile(ledgerPath(dir), crlf, 0o644))
+			lp := ledgerPath(dir)
+			assertRefused(t, dir, from, at, fmt.Sprintf("line %d (byte %d): ends in CR LF: the file was converted to DOS line endings", from, at))
+			_, err := runstate.Open(dir, testOptions())
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "dos2unix "+lp)
+			assert.Contains(t, err.Error(), `sed -i 's/\r$//' `+lp)
+			rep, err := runstate.Verify(dir)
+			require.NoError(t, err)
+			require.NotEmpty(t, rep.Problems)
+			assert.Equal(t, "ends in CR LF: the file was converted to DOS line endings (an editor, git autocrlf, a Windows copy)", rep.Problems[0].What)
+			assert.Contains(t, rep.Problems[0].Fix, "dos2unix "+lp)
+			assert.NotContains(t, rep.Problems[0].Fix, "cut it")
+			_, err = runstate.Repair(dir, nil)
+			assert.ErrorContains(t, err, "ends in CR LF")
+
+			require.NoError(t, os.WriteFile(lp, bytes.ReplaceAll(crlf, []byte("\r\n"), []byte("\n")), 0o644))
+			assertVerifies(t, dir)
+		})
+	}
+}
+
 // A flipped bit in the last record, which no later record's prev covers,
 // is found by the line's checksum: for every byte of the last line but
 // its '\n', and two bits of each, every reader refuses the ledger. (Today

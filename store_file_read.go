@@ -136,8 +136,11 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 	var ce *CorruptError
 	switch {
 	case errors.As(err, &ce):
-		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: ce.Err.Error(),
-			Fix: "the ledger cannot be trusted from here on: " + cutAdvice(ce, s.dir)})
+		what, fix := ce.Err.Error(), "the ledger cannot be trusted from here on: "+cutAdvice(ce, s.dir)
+		if errors.Is(ce.Err, errCRLF) {
+			what, fix = errCRLF.Error(), crlfFix(lp)+" and run verify again; nothing needs cutting"
+		}
+		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: what, Fix: fix})
 		return true, nil
 	case errors.As(err, new(journalError)):
 		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})

@@ -200,6 +200,9 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 
 	stamp := time.Now().UTC().Format("20060102T150405.000000000Z")
 	switch {
+	case o.TruncateAt == 0 && ce != nil && errors.Is(ce.Err, errCRLF):
+		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v; repair does not convert it", ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err)
+
 	case o.TruncateAt == 0 && ce != nil:
 		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage (a whole line, ended by its newline, or a broken chain), not a torn tail, and repair does not cut it by itself; %s",
 			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce, dir))
