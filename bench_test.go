@@ -16,7 +16,7 @@ import (
 	"github.com/runstate/runstate"
 )
 
-// The performance budget (DESIGN.md section 5) is read from these side by
+// The performance budget (at the top of PERF.md) is read from these side by
 // side: BenchmarkCheckpoint against BenchmarkRawAppend,
 // BenchmarkCheckpointParallel8 and BenchmarkCheckpointLargePlan against
 // BenchmarkCheckpoint. The program

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 )
 
-// Outputs across machines (DESIGN-pg.md §7). A Store whose Blobs is not nil
+// Outputs across machines. A Store whose Blobs is not nil
 // spans machines: each keeps its own local directory, and the bytes of
 // every recorded output are in the store too, content addressed. Complete
 // and Await store the bytes the store lacks before the record that names

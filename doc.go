@@ -48,8 +48,11 @@
 // # Evidence
 //
 // A stage's evidence is its inputs and its recorded outputs. File(path) is
-// a file's content (path is opened relative to the working directory and
-// recorded as given: open the run from the same directory each time);
+// a file's content (path, unless absolute, is relative to
+// Options.SourceDir, by default the working directory at Open; a path
+// inside SourceDir is recorded relative to it, cleaned and with forward
+// slashes, so the same checkout opened from elsewhere, or moved, keeps its
+// evidence; one outside it is recorded absolute);
 // Value(name, v) is the JSON of v; After(stage) is the outputs of another
 // stage; ValidFor(d) makes the evidence expire. A done stage is redone when
 // an input's fingerprint changed, when a recorded output is missing or
@@ -190,7 +193,7 @@
 // store.go says what a Store must guarantee. Outputs stay files in a local
 // directory either way. InspectStore, NextStepsStore, ReadStore and
 // VerifyStore read a run in any Store as Inspect, NextSteps, ReadLedger and
-// Verify read a run directory. The crash guarantee below is the file
+// Verify read a run directory. The crash guarantee above is the file
 // store's; another store's durable point is its Batch.Sync (for a
 // database, a synchronous COMMIT).
 //

@@ -148,7 +148,7 @@ func fileStates(t testing.TB, dir string) map[string]string {
 }
 
 // TestRecoveryRefusesCorruption damages the ledger of a closed run in the
-// ways DESIGN §2 calls corruption. Each must be refused by Open with a
+// ways the package doc (doc.go) calls corruption. Each must be refused by Open with a
 // *CorruptError naming the file, line and byte offset, wrapping ErrCorrupt,
 // and nothing may be written. Verify must report the same place.
 func TestRecoveryRefusesCorruption(t *testing.T) {

@@ -116,8 +116,8 @@ func topKeys(t testing.TB, obj []byte) []string {
 	return keys
 }
 
-// checkLedger reads the ledger in dir and checks it is exactly as DESIGN §2
-// says a writer leaves it: every line '\n'-terminated and a record, seq
+// checkLedger reads the ledger in dir and checks it is exactly as the
+// package doc (doc.go) says a writer leaves it: every line '\n'-terminated and a record, seq
 // 1, 2, 3 … without gaps, prev the hash of the line before, and the fields
 // seq, at, ev first and prev, then crc (the line's checksum), last.
 // assertVerifies checks the whole run with Verify: no problem at all.

@@ -226,8 +226,8 @@ func (r *Run) gather(inputs []Input) (*evidence, error) {
 // afterFingerprint is the fingerprint of a done stage's outputs: it changes
 // when the stage is redone with other results, and only then. A stage
 // redone (its inputs changed, or an operator invalidated it) that produces
-// the same outputs does not redo the stages after it (DESIGN: After is
-// "that stage's output hashes"; Bazel calls this early cutoff).
+// the same outputs does not redo the stages after it (After's evidence is
+// that stage's output hashes; Bazel calls this early cutoff).
 func afterFingerprint(st *StageStatus) string {
 	var b strings.Builder
 	for _, o := range st.Outputs {

@@ -24,10 +24,9 @@ import (
 // The words "must" below are the contract a second implementation is
 // written against; runstatetest/storetest checks them on any store.
 //
-// Departures from the sketch in DESIGN.md §6 / DESIGN-pg.md §9: Read
-// returns the size of a torn last line, not its offset (the offset is
-// where the last line passed ends; the size is what Status.Torn and
-// Verify report); Position carries CRC (the chain check needs it to
+// Of note: Read returns the size of a torn last line, not its offset
+// (the offset is where the last line passed ends; the size is what
+// Status.Torn and Verify report); Position carries CRC (the chain check needs it to
 // resume from a snapshot); Store has String (errors name where the
 // records live); TryLocker is an optional extra (the committer's
 // lock-or-hand-off, lead/leadLater, needs a lock attempt that does not
@@ -295,7 +294,7 @@ type SideWriter interface {
 //
 // The file store is no Pacer: its logs/next-steps.txt is replaced after
 // every batch that appends a record other than a begin, before the call
-// returns (DESIGN.md: current even if the process dies the next instant),
+// returns (so it is current even if the process dies the next instant),
 // and its manifest.json every Options.ManifestInterval. Nothing is
 // durable through this interface: projections stay best effort, and a
 // reader renders the exact handoff from the records anyway.

@@ -130,3 +130,35 @@ func TestOpenStoreThroughTheInterfaceAlone(t *testing.T) {
 	}
 	require.NoError(t, r2.Close())
 }
+
+// The store-generic readers write nothing to the file store's directory,
+// not even a lock file or a temp directory: a torn tail stays, and no
+// file is created, changed or removed.
+func TestStoreReadersWriteNothing(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := runstate.Open(dir, &runstate.Options{Request: "readers"}) // with its journal
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", writeStage("out/a.txt", "a")))
+	require.NoError(t, r.Close())
+	for _, p := range []string{"logs/ledger.lock", "logs/tmp", "logs/sessions"} {
+		require.NoError(t, os.RemoveAll(filepath.Join(dir, filepath.FromSlash(p))))
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "logs", "ledger.jsonl"), os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	before := fileStates(t, dir)
+
+	s := runstate.NewFileStore(dir, nil)
+	st, err := runstate.InspectStore(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, int64(9), st.Torn)
+	_, err = runstate.NextStepsStore(ctx, s, dir)
+	require.NoError(t, err)
+	require.NoError(t, runstate.ReadStore(ctx, s, func(*runstate.Record) error { return nil }))
+	_, err = runstate.VerifyStore(ctx, s, dir)
+	require.NoError(t, err)
+	assert.Equal(t, before, fileStates(t, dir))
+}

@@ -61,9 +61,11 @@ func inspect(ctx context.Context, s Store, dir string) (*Status, error) {
 
 // InspectStore is Inspect for the run that s holds: its state as it
 // stands, read without a lock; a torn last line is ignored and reported
-// in Status.Torn. It fails with a *CorruptError for damaged records and
-// ErrVersion for an unknown format. Safe for concurrent use, also while
-// other sessions append.
+// in Status.Torn. It writes nothing: for the file store, no repair of a
+// torn tail or of records only the journal holds, and no file or
+// directory created, not even a lock file. It fails with a *CorruptError
+// for damaged records and ErrVersion for an unknown format. Safe for
+// concurrent use, also while other sessions append.
 func InspectStore(ctx context.Context, s Store) (*Status, error) {
 	dir := s.String()
 	if ds, ok := s.(*dirStore); ok {
