@@ -250,11 +250,23 @@ func (s *store) ViewWorkDir(dir, runID string) error {
 
 // checkWorkDir refuses a working directory whose logs/run.json names
 // another run (another id): two runs in one directory would mix their
-// outputs and views. A file that cannot be read as one is rewritten.
+// outputs and views. It refuses a logs/run.json that is no regular file
+// (a FIFO, a device: opened without blocking, never read), as Open
+// refuses one in a run directory; a regular file that cannot be read as
+// one (or is over maxRunJSON) is rewritten.
 func checkWorkDir(dir, runID string) error {
 	path := filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
-	data, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|oNonblock, 0)
 	if err != nil {
+		return nil // none (or unreadable: writeRun says why)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: pgstore: %s is %s, not a regular file: it is where pgstore names the run of the working directory %s; remove it, or give the run another working directory",
+			runstate.ErrInvalid, path, fileKind(fi.Mode()), dir)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxRunJSON+1))
+	if err != nil || len(data) > maxRunJSON {
 		return nil
 	}
 	var rj runJSON
@@ -263,6 +275,26 @@ func checkWorkDir(dir, runID string) error {
 	}
 	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; this run's id is %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
 		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, runID, path)
+}
+
+// maxRunJSON caps what checkWorkDir reads of logs/run.json: the file
+// pgstore writes is a few hundred bytes.
+const maxRunJSON = 64 << 10
+
+// fileKind names the kind of file mode m is, for an error (as the
+// runstate package names the kinds of its own files).
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "of mode " + m.String()
 }
 
 // newest is data at at, unless it is nil or cur is newer.
