@@ -47,7 +47,10 @@ import (
 //
 // Open fails with runstate.ErrMismatch when the run serves another
 // Request, as Open does for a directory, or when workDir is another
-// run's working directory (its logs/run.json names another run id), and
+// run's working directory (its logs/run.json names another run: by name
+// or schema, refused before anything is recorded; by id alone, as when
+// the run was made again under its name, once the session is open, with
+// its open and close records), and
 // with runstate.ErrInvalid for a run name that breaks the rule of stage
 // names (valid UTF-8 of at most 256 bytes, no control character, no space
 // at either end).
@@ -63,6 +66,9 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return nil, fmt.Errorf("pgstore: cannot create the working directory %s: %w", workDir, err)
+	}
+	if err := checkWorkDirName(workDir, db.schema, run); err != nil {
+		return nil, err // before the run is opened: nothing recorded
 	}
 	// The views in workDir are the store's (ViewWorkDir, publish.go), and
 	// the errors OpenStore's (an ErrMismatch names the run in the

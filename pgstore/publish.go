@@ -250,31 +250,55 @@ func (s *store) ViewWorkDir(dir, runID string) error {
 
 // checkWorkDir refuses a working directory whose logs/run.json names
 // another run (another id): two runs in one directory would mix their
-// outputs and views. It refuses a logs/run.json that is no regular file
-// (a FIFO, a device: opened without blocking, never read), as Open
-// refuses one in a run directory; a regular file that cannot be read as
-// one (or is over maxRunJSON) is rewritten.
+// outputs and views (DB.Open refuses one that names another run by name
+// before it opens the run: checkWorkDirName).
 func checkWorkDir(dir, runID string) error {
-	path := filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
+	rj, path, err := workDirRun(dir)
+	if err != nil || rj.ID == "" || rj.ID == runID {
+		return err
+	}
+	return otherRun(dir, path, rj, "this run's id is "+runID)
+}
+
+// checkWorkDirName refuses, before the run is opened (so that nothing is
+// recorded), a working directory whose logs/run.json names a run other
+// than run in schema: checkWorkDir's check by name.
+func checkWorkDirName(dir, schema, run string) error {
+	rj, path, err := workDirRun(dir)
+	if err != nil || rj.Run == "" || rj.Run == run && rj.Schema == schema {
+		return err
+	}
+	return otherRun(dir, path, rj, fmt.Sprintf("this run is %q in schema %s", run, schema))
+}
+
+// otherRun is the error for a working directory dir whose logs/run.json
+// (path) names the run rj, not this one.
+func otherRun(dir, path string, rj runJSON, this string) error {
+	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
+		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, this, path)
+}
+
+// workDirRun reads dir's logs/run.json (path): the zero runJSON when
+// there is none or it cannot be read as one (or is over maxRunJSON: the
+// views rewrite it), an error when it is no regular file (a FIFO, a
+// device: opened without blocking, never read), as Open refuses one in a
+// run directory.
+func workDirRun(dir string) (rj runJSON, path string, err error) {
+	path = filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
 	f, err := os.OpenFile(path, os.O_RDONLY|oNonblock, 0)
 	if err != nil {
-		return nil // none (or unreadable: writeRun says why)
+		return rj, path, nil // none (or unreadable: writeRun says why)
 	}
 	defer f.Close()
 	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
-		return fmt.Errorf("%w: pgstore: %s is %s, not a regular file: it is where pgstore names the run of the working directory %s; remove it, or give the run another working directory",
+		return rj, path, fmt.Errorf("%w: pgstore: %s is %s, not a regular file: it is where pgstore names the run of the working directory %s; remove it, or give the run another working directory",
 			runstate.ErrInvalid, path, fileKind(fi.Mode()), dir)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxRunJSON+1))
-	if err != nil || len(data) > maxRunJSON {
-		return nil
+	if err != nil || len(data) > maxRunJSON || json.Unmarshal(data, &rj) != nil {
+		return runJSON{}, path, nil
 	}
-	var rj runJSON
-	if json.Unmarshal(data, &rj) != nil || rj.ID == "" || rj.ID == runID {
-		return nil
-	}
-	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; this run's id is %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
-		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, runID, path)
+	return rj, path, nil
 }
 
 // maxRunJSON caps what checkWorkDir reads of logs/run.json: the file

@@ -53,3 +53,26 @@ func TestOpenRefusesAWorkDirOfAnotherRun(t *testing.T) {
 	require.NoError(t, err, "run a opens in its own directory again")
 	require.NoError(t, a.Close())
 }
+
+// DB.Open refuses a working directory whose logs/run.json names another
+// run by name before it opens the run: nothing is recorded of the
+// refused one, not even its row in runs.
+func TestOpenRefusesAWorkDirOfAnotherRunBeforeRecording(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+
+	b, err := db.Open(ctx, "b", dir, &runstate.Options{Request: "run b"})
+	if b != nil {
+		_ = b.Close()
+	}
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), `names run "a"`)
+	assert.Contains(t, err.Error(), `this run is "b" in schema `+db.schema)
+	var runs int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.runs WHERE name = 'b'`)).Scan(&runs))
+	assert.Zero(t, runs, "the refused run was not created")
+}
