@@ -3,6 +3,7 @@ package runstate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -199,6 +200,33 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 	assert.Equal(t, runstate.StateFailed, s.State)
 	assert.Equal(t, 1, s.Failures)
 	require.NoError(t, r.Do(context.Background(), "build", func(context.Context, *runstate.Stage) error { return nil }))
+}
+
+// The primitives tell the caller's cancellation as Do does: Stage.Fail
+// of the error that Begin's ctx ended with is not counted; the same error
+// while that ctx lives (a call of the work's own that was cancelled) is.
+func TestFailOfBeginsCanceledContextIsNotCounted(t *testing.T) {
+	opts := i3Options()
+	opts.MaxAttempts = 2
+	r := i3Open(t, t.TempDir(), opts)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := r.Begin(ctx, "build")
+		require.NoError(t, err, "attempt %d", i+1)
+		cancel()
+		require.NoError(t, st.Fail(fmt.Errorf("build: %w", ctx.Err())))
+		s := i3Stage(t, r, "build")
+		assert.Equal(t, runstate.StateFailed, s.State)
+		assert.Zero(t, s.Failures, "cancellation %d", i+1)
+	}
+	for i := range 2 {
+		st, err := r.Begin(context.Background(), "build")
+		require.NoError(t, err)
+		require.NoError(t, st.Fail(context.Canceled))
+		assert.Equal(t, i+1, i3Stage(t, r, "build").Failures, "the caller's ctx lives: a failure of the work")
+	}
+	_, err := r.Begin(context.Background(), "build")
+	require.ErrorIs(t, err, runstate.ErrNeedsPerson)
 }
 
 func TestMaxAttemptsOption(t *testing.T) {

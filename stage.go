@@ -31,6 +31,9 @@ type Stage struct {
 	// ctx is the attempt's context (Context): cancelled when the attempt
 	// ends, or when the Run turns read-only (attempts.go holds its cancel).
 	ctx context.Context
+	// caller is Begin's ctx, kept only for its Err: Fail tells the
+	// caller's cancellation from a failure of the work (canceledBy).
+	caller context.Context
 
 	mu        sync.Mutex
 	outputs   map[string]Output // recorded by WriteFile, hashed
@@ -292,12 +295,17 @@ func (st *Stage) Complete() error {
 // EDQUOT) is recorded retryable with that reason and does not count: the
 // stage runs again once there is space, without a person. An error text
 // longer than 64 KiB is recorded cut, with a marker (see the package
-// documentation). When Fail returns nil the record is durable. Fail returns nil for a nil
-// err without ending the attempt. Safe for concurrent use.
-func (st *Stage) Fail(err error) error { return st.fail(err, false) }
+// documentation). An unclassified err that is context.Canceled or
+// context.DeadlineExceeded, once the ctx given to Begin has ended, is the
+// caller's cancellation, not a failure of the work: it is recorded with
+// the reason "canceled: ..." and does not count either. When Fail returns
+// nil the record is durable. Fail returns nil for a nil err without
+// ending the attempt. Safe for concurrent use.
+func (st *Stage) Fail(err error) error { return st.fail(err, canceledBy(st.caller, err)) }
 
 // canceledReason marks a fail record of an attempt that its caller
-// cancelled (Do's context ended, and fn returned that): an interruption,
+// cancelled (the ctx given to Begin or Do ended, and the work returned
+// that: Stage.Fail): an interruption,
 // not a failure of the work, so it does not count toward MaxAttempts.
 const canceledReason = "canceled: the caller's context ended; not counted toward MaxAttempts"
 
@@ -308,7 +316,7 @@ const canceledReason = "canceled: the caller's context ended; not counted toward
 // Retryable say what the caller wants).
 func canceledBy(ctx context.Context, err error) bool {
 	var c *classed
-	return ctx.Err() != nil && !errors.As(err, &c) &&
+	return ctx != nil && ctx.Err() != nil && !errors.As(err, &c) &&
 		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 

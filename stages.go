@@ -417,7 +417,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if err := r.hit(hookAfterBegin, name); err != nil {
 			return nil, err
 		}
-		st := &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why}
+		st := &Stage{run: r, name: name, attempt: attempt, ev: ev, fps: fps, outputs: map[string]Output{}, began: time.Now(), reason: why, caller: ctx}
 		sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 		st.ctx = sctx
 		r.att.add(st, cancel)
@@ -508,7 +508,7 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 		return ferr // fn ended the attempt itself (Await, Complete or Fail)
 	}
 	if ferr != nil {
-		if err := st.fail(ferr, canceledBy(ctx, ferr)); err != nil {
+		if err := st.Fail(ferr); err != nil { // not counted when ctx ended (canceledBy)
 			return errors.Join(ferr, err)
 		}
 		return ferr
