@@ -68,3 +68,14 @@ func TestCheckKey(t *testing.T) {
 		assert.ErrorIs(t, err, runstate.ErrInvalid, "%q", bad)
 	}
 }
+
+// CheckOutput is the rule Stage.WriteFile applies to an output's name.
+func TestCheckOutput(t *testing.T) {
+	for _, ok := range []string{"out/a.txt", "logsx/a", "manifest.json/x", "a/logs"} {
+		assert.NoError(t, runstate.CheckOutput(ok), ok)
+	}
+	for _, bad := range []string{"logs/x", "LOGS/x", "Manifest.JSON", "manifest.json::$DATA", "MANIFE~1.JSO",
+		"manifest.json. ", "out/con.txt", "a/../b", "../x", "/abs", "", "./a"} {
+		assert.ErrorIs(t, runstate.CheckOutput(bad), runstate.ErrInvalid, "%q", bad)
+	}
+}

@@ -97,13 +97,37 @@ func (o *outputs) rel(p string) (string, error) {
 	if p == "." || p == ".." || strings.HasPrefix(p, "../") || !filepath.IsLocal(filepath.FromSlash(p)) {
 		return "", fmt.Errorf("%w: output %s escapes the run directory %s", ErrInvalid, p, o.dir)
 	}
-	if ownPath(p) {
-		return "", fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, p)
+	return p, checkOwnOrDevice(p)
+}
+
+// checkOwnOrDevice refuses an output path rel (clean, slash-separated,
+// inside the run directory) that names one of runstate's own files, as
+// any file system may read the name (ownPath), or a Windows device.
+func checkOwnOrDevice(rel string) error {
+	if ownPath(rel) {
+		return fmt.Errorf("%w: output %s is one of runstate's own files (logs/ and manifest.json, in any case): write it elsewhere", ErrInvalid, rel)
 	}
-	if c := reservedName(p); c != "" {
-		return "", fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, p, c)
+	if c := reservedName(rel); c != "" {
+		return fmt.Errorf("%w: output %s: %q is a device name on Windows, not a file: choose another name", ErrInvalid, rel, c)
 	}
-	return p, nil
+	return nil
+}
+
+// CheckOutput reports whether rel, a path relative to a run directory
+// (slash-separated, inside it), may name a stage's output there, by the
+// rules that Stage.WriteFile and Stage.Output apply to the name: not one
+// of runstate's own files (logs/ and manifest.json, in any case, nor by
+// a name that Windows reads as one: MANIFE~1.JSO, a trailing dot, an
+// NTFS stream), not a Windows device name. Symbolic links are checked
+// when the output is recorded. The error wraps ErrInvalid. Tools that
+// take an output path from a person check it with this before they open
+// the run. It reads and writes nothing and is safe for concurrent use.
+func CheckOutput(rel string) error {
+	p := path.Clean(rel)
+	if p != rel || !filepath.IsLocal(filepath.FromSlash(p)) {
+		return fmt.Errorf("%w: output %q is not a clean path inside the run directory", ErrInvalid, rel)
+	}
+	return checkOwnOrDevice(p)
 }
 
 // write writes an output through the run's os.Root: a symbolic link

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
@@ -64,7 +63,7 @@ before anything is recorded).`,
 		return func(c *cli, args []string) int {
 			defer survivePipe()()
 			if err := runstate.CheckKey(args[1]); err != nil {
-				return c.usageError("effect", strings.TrimPrefix(err.Error(), runstate.ErrInvalid.Error()+": ")+"; choose another key (nothing was recorded)")
+				return c.usageError("effect", invalid(err)+"; choose another key (nothing was recorded)")
 			}
 			if _, err := exec.LookPath(args[2]); err != nil {
 				return c.failWith(exitNotFound, fmt.Errorf("effect %s: command %s: %v; install it or fix PATH (nothing was recorded)", args[1], quoteArg(args[2]), errors.Unwrap(err)))

@@ -192,9 +192,8 @@ func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) 
 		if err != nil {
 			return nil, nil, err
 		}
-		first, nested, _ := strings.Cut(rel, "/")
-		if strings.EqualFold(first, "logs") || nested == "" && strings.EqualFold(first, "manifest.json") {
-			return nil, nil, fmt.Errorf("-out %s is one of runstate's own files (logs/ and manifest.json); write the output elsewhere in the run directory", p)
+		if err := runstate.CheckOutput(rel); err != nil {
+			return nil, nil, fmt.Errorf("-out %s: %s", p, invalid(err))
 		}
 		outs = append(outs, rel)
 	}
@@ -205,10 +204,15 @@ func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) 
 // anything is recorded.
 func checkStageName(name string) error {
 	if err := runstate.CheckName("stage name", name); err != nil {
-		msg := strings.TrimPrefix(err.Error(), runstate.ErrInvalid.Error()+": ")
-		return fmt.Errorf("%s; choose another name", msg)
+		return fmt.Errorf("%s; choose another name", invalid(err))
 	}
 	return nil
+}
+
+// invalid is the text of err, one of the library's ErrInvalid errors,
+// without that error's own text in front: for a usage error.
+func invalid(err error) string {
+	return strings.TrimPrefix(err.Error(), runstate.ErrInvalid.Error()+": ")
 }
 
 // insideDir returns p relative to dir, or an error when p (as the shell
