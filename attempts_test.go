@@ -255,3 +255,50 @@ type watchedStore struct {
 }
 
 func (w *watchedStore) LeaseLost() <-chan error { return w.lost }
+
+// OpenStoreContext's ctx bounds the opening's wait for the run's lock:
+// at its deadline Open fails with ErrLockTimeout, when it is cancelled
+// with context.Canceled, each at once and having written nothing; with
+// the lock free, the run opens and the ctx's end afterwards does not
+// touch it.
+func TestOpenStoreContextBoundsTheLockWait(t *testing.T) {
+	dir := t.TempDir()
+	r := openRun(t, dir, testOptions())
+	require.NoError(t, r.Close())
+	before := readLedgerBytes(t, dir)
+	lock := flock.New(filepath.Join(dir, "logs", "ledger.lock"))
+	require.NoError(t, lock.Lock())
+	open := func(ctx context.Context) error {
+		done := make(chan error, 1)
+		go func() {
+			r, err := runstate.OpenStoreContext(ctx, runstate.NewFileStore(dir, nil), dir, testOptions())
+			if r != nil {
+				_ = r.Close()
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("Open waited for the lock past its context's end")
+			return nil
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, open(ctx), runstate.ErrLockTimeout)
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	require.ErrorIs(t, open(ctx), context.Canceled)
+	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing written")
+
+	require.NoError(t, lock.Unlock())
+	ctx, cancel = context.WithCancel(context.Background())
+	r, err := runstate.OpenStoreContext(ctx, runstate.NewFileStore(dir, nil), dir, testOptions())
+	require.NoError(t, err)
+	cancel()
+	require.NoError(t, r.Do(context.Background(), "after", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+}

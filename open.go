@@ -26,8 +26,8 @@ import (
 // the store's proof: Batch.Alive) and the session's open record.
 
 // open runs the sequence above. On an error the caller closes the store.
-func (r *Run) open() error {
-	ctx, cancel := r.lockContext()
+func (r *Run) open(ctx context.Context) error {
+	ctx, cancel := r.lockContext(ctx)
 	defer cancel()
 	sid, err := uuid.NewV7()
 	if err != nil {

@@ -168,8 +168,19 @@ func Open(dir string, opts *Options) (*Run, error) {
 // durably). A store that keeps a view of the run in dir (WorkDirViewer,
 // as pgstore's DB.Store) has started it, as the store's own Open does.
 // Safe for concurrent use as Open is; s serves the returned
-// Run alone, which closes it (also when OpenStore fails).
+// Run alone, which closes it (also when OpenStore fails). Its waits for
+// the run's lock are bounded by Options.LockTimeout alone:
+// OpenStoreContext bounds them by a context too.
 func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
+	return OpenStoreContext(context.Background(), s, dir, opts)
+}
+
+// OpenStoreContext is OpenStore whose waits (the store's Open and the
+// run's lock, for the session's first records) also end when ctx does:
+// it then fails with ctx's error (a store wraps ErrLockTimeout for a
+// deadline), having written nothing. ctx bounds the opening only, not
+// the Run. Safe for concurrent use as OpenStore is.
+func OpenStoreContext(ctx context.Context, s Store, dir string, opts *Options) (*Run, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -190,7 +201,7 @@ func OpenStore(s Store, dir string, opts *Options) (*Run, error) {
 	}
 	r.pacer, _ = s.(Pacer)
 	r.c.policy.init()
-	if err := r.open(); err != nil {
+	if err := r.open(ctx); err != nil {
 		r.out.close()
 		_ = s.Close(true) // no open record was written: nothing to prove gone
 		return nil, err
@@ -359,13 +370,13 @@ func (r *Run) crash() {
 	_ = r.store.Close(false)
 }
 
-// lockContext bounds a wait for the run's lock by Options.LockTimeout
-// (Open's waits).
-func (r *Run) lockContext() (context.Context, context.CancelFunc) {
+// lockContext bounds a wait for the run's lock by ctx and
+// Options.LockTimeout (Open's waits).
+func (r *Run) lockContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if r.opts.LockTimeout > 0 {
-		return context.WithTimeout(context.Background(), r.opts.LockTimeout)
+		return context.WithTimeout(ctx, r.opts.LockTimeout)
 	}
-	return context.WithCancel(context.Background())
+	return context.WithCancel(ctx)
 }
 
 // errNoRun is the message for a store that holds no record.

@@ -85,8 +85,6 @@ type outputRows struct {
 // wait for the row, the session's self-fence (its own lock must not be
 // takeable), the clock, and the records after from.
 func (s *store) Lock(ctx context.Context, from runstate.Position) (runstate.Batch, error) {
-	ctx, done := s.within(ctx) // Open's (while DB.Open runs), else ctx as is
-	defer done()
 	ses, err := s.session()
 	if err != nil {
 		return nil, err

@@ -73,12 +73,8 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	// The views in workDir are the store's (ViewWorkDir, publish.go), and
 	// the errors OpenStore's (an ErrMismatch names the run in the
 	// database), as for a Run that runstate.OpenStore(db.Store(run), ...)
-	// opened. OpenStore takes no context: the store's waits take ctx
-	// from s.opening while it runs.
-	s := db.reader(run)
-	s.opening.Store(&ctx)
-	defer s.opening.Store(nil)
-	return runstate.OpenStore(s, workDir, opts)
+	// opened; ctx bounds the store's waits (Open, Lock).
+	return runstate.OpenStoreContext(ctx, db.Store(run), workDir, opts)
 }
 
 // Inspect returns the status of the run named run as its records stand,

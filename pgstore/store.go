@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,10 +31,6 @@ type store struct {
 	pub     published // projections not yet written (Batch.Publish)
 	opt     optimism  // whether the next batch may skip the lock (optimistic.go)
 	ahead   ahead     // the pipeline of a session alone on its run (ahead.go)
-	// opening is DB.Open's context while it runs runstate.OpenStore,
-	// which passes the store none of its own: Open and Lock wait no
-	// longer than it allows (within).
-	opening atomic.Pointer[context.Context]
 }
 
 // Store returns the runstate.Store of the run named run, for
@@ -59,8 +54,6 @@ func (db *DB) Store(run string) runstate.Store {
 // racing sessions: INSERT ... ON CONFLICT DO NOTHING), takes the session's
 // lock and returns the newest projection that still matches the records.
 func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Position, error) {
-	ctx, done := s.within(ctx)
-	defer done()
 	s.mu.Lock()
 	used := s.used
 	if used {
@@ -103,29 +96,6 @@ func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Posi
 	s.ses = ses
 	s.mu.Unlock()
 	return snap, at, nil
-}
-
-// within returns ctx, ended also by the context DB.Open was given while
-// it runs (opening): at that one's deadline, so that the end reads as a
-// deadline (ErrLockTimeout), or when it is canceled. done releases it.
-func (s *store) within(ctx context.Context) (_ context.Context, done func()) {
-	p := s.opening.Load()
-	if p == nil {
-		return ctx, func() {}
-	}
-	open := *p
-	var cancel context.CancelFunc
-	if d, ok := open.Deadline(); ok {
-		ctx, cancel = context.WithDeadline(ctx, d)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
-	}
-	stop := context.AfterFunc(open, func() {
-		if !errors.Is(open.Err(), context.DeadlineExceeded) { // the deadline above ends ctx itself
-			cancel()
-		}
-	})
-	return ctx, func() { stop(); cancel() }
 }
 
 // id returns the run's id: ErrNoRun when the run does not exist.
