@@ -249,4 +249,32 @@ func TestReadersRefuseFIFO(t *testing.T) {
 	assert.Contains(t, err.Error(), p)
 	_, ok := runstate.RunElsewhere(dir)
 	assert.False(t, ok)
+	err = within(t, "ReadWorkDirFile with logs/run.json a FIFO", openWriter(p), func() error {
+		_, err := runstate.ReadWorkDirFile(dir)
+		return err
+	})
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), p+" is a named pipe (FIFO), not a regular file")
+}
+
+// ReadWorkDirFile: the bytes of logs/run.json; nothing when there is
+// none or it is longer than any file a store writes there.
+func TestReadWorkDirFile(t *testing.T) {
+	dir := t.TempDir()
+	data, err := runstate.ReadWorkDirFile(dir)
+	require.NoError(t, err)
+	assert.Nil(t, data)
+	p := filepath.Join(dir, "logs", "run.json")
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, []byte(`{"address":"postgres://h/db?run=r"}`), 0o644))
+	data, err = runstate.ReadWorkDirFile(dir)
+	require.NoError(t, err)
+	assert.Equal(t, `{"address":"postgres://h/db?run=r"}`, string(data))
+	addr, ok := runstate.RunElsewhere(dir)
+	assert.True(t, ok)
+	assert.Equal(t, "postgres://h/db?run=r", addr)
+	require.NoError(t, os.WriteFile(p, make([]byte, 64<<10+1), 0o644))
+	data, err = runstate.ReadWorkDirFile(dir)
+	require.NoError(t, err)
+	assert.Nil(t, data)
 }

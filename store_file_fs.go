@@ -55,15 +55,14 @@ func (osFS) SyncDir(dir string) error                     { return syncDir(dir) 
 // would block, a device such as /dev/zero never end) of limit bytes at
 // most. Its errors name the file.
 func readFile(fsys fileSystem, name string, limit int64) ([]byte, error) {
-	f, err := fsys.OpenFile(name, os.O_RDONLY|oNonblock, 0)
+	f, fi, err := openRegularIn(fsys, name, os.O_RDONLY)
 	if err != nil {
-		return nil, err // *fs.PathError: names the file
+		if nr := (*notRegular)(nil); errors.As(err, &nr) {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		return nil, err // names the file
 	}
 	defer f.Close()
-	fi, err := statRegular(f)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
 	if fi.Size() > limit {
 		return nil, tooLarge(name, fi.Size(), limit)
 	}
@@ -75,6 +74,27 @@ func readFile(fsys fileSystem, name string, limit int64) ([]byte, error) {
 		return nil, tooLarge(name, int64(len(data)), limit)
 	}
 	return data, nil
+}
+
+// openRegularIn opens name in fsys with flag, without blocking on a FIFO,
+// and returns it with its FileInfo; a file that is not a regular one is
+// closed again and refused with a *notRegular. Other errors name the
+// file: open's as it makes them (isNotExist holds for a missing one),
+// stat's wrapped.
+func openRegularIn(fsys fileSystem, name string, flag int) (file, fs.FileInfo, error) {
+	f, err := fsys.OpenFile(name, flag|oNonblock, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := statRegular(f)
+	if err != nil {
+		f.Close()
+		if nr := (*notRegular)(nil); !errors.As(err, &nr) {
+			err = fmt.Errorf("stat %s: %w", name, err)
+		}
+		return nil, nil, err
+	}
+	return f, fi, nil
 }
 
 func tooLarge(name string, n, limit int64) error {

@@ -24,17 +24,12 @@ import (
 // says whether dir is missing or is not a run directory.
 func openLedger(fsys fileSystem, dir string) (file, string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, err := fsys.OpenFile(lp, os.O_RDONLY|oNonblock, 0)
+	f, _, err := openRegularIn(fsys, lp, os.O_RDONLY)
 	if err == nil {
-		_, err = statRegular(f)
-		if err == nil {
-			return f, lp, nil
-		}
-		f.Close()
-		if nr := (*notRegular)(nil); errors.As(err, &nr) {
-			return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
-		}
-		return nil, lp, fmt.Errorf("runstate: stat %s: %w", lp, err)
+		return f, lp, nil
+	}
+	if nr := (*notRegular)(nil); errors.As(err, &nr) {
+		return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
 	}
 	if isNotExist(err) {
 		if _, derr := os.Stat(dir); derr != nil {

@@ -286,20 +286,15 @@ func (s *dirStore) openJournal() error {
 // openWAL opens the journal at p and checks its size. A missing journal is
 // an error for which isNotExist holds.
 func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
-	f, err := fsys.OpenFile(p, flag|oNonblock, 0) // a FIFO does not block (statRegular refuses it)
+	f, fi, err := openRegularIn(fsys, p, flag)
+	if nr := (*notRegular)(nil); errors.As(err, &nr) {
+		return nil, 0, fmt.Errorf("runstate: %s is %w: it was not written by runstate; move it away to open the run", p, err)
+	}
 	if err != nil {
 		if isNotExist(err) {
 			return nil, 0, err
 		}
 		return nil, 0, fmt.Errorf("runstate: open %s: %w (it may hold acknowledged records that a machine crash kept out of the ledger: make it readable)", p, err)
-	}
-	fi, err := statRegular(f)
-	if err != nil {
-		f.Close()
-		if nr := (*notRegular)(nil); errors.As(err, &nr) {
-			return nil, 0, fmt.Errorf("runstate: %s is %w: it was not written by runstate; move it away to open the run", p, err)
-		}
-		return nil, 0, fmt.Errorf("runstate: stat %s: %w", p, err)
 	}
 	if fi.Size() < walMin || fi.Size()%walAlign != 0 {
 		f.Close()

@@ -2,6 +2,8 @@ package runstate
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,26 +16,49 @@ import (
 // follows the address.
 const WorkDirFile = "logs/run.json"
 
-// maxWorkDirFile caps what RunElsewhere reads of WorkDirFile: an address
-// is short, and a longer file is no JSON object it reads.
+// maxWorkDirFile caps what ReadWorkDirFile reads of WorkDirFile: an
+// address is short, and a longer file is none that a store wrote.
 const maxWorkDirFile = 64 << 10
 
-// RunElsewhere returns the address that dir's WorkDirFile names, and
-// false when dir has none or it names no address (a WorkDirFile that is
-// not a regular file, or is longer than 64 KiB, names none: Open refuses
-// the first). It reads that one file and writes nothing; it is safe for
-// concurrent use.
-func RunElsewhere(dir string) (address string, ok bool) {
-	f, err := openRegular(func(flag int) (*os.File, error) {
-		return os.OpenFile(filepath.Join(dir, filepath.FromSlash(WorkDirFile)), flag, 0)
-	})
+// ReadWorkDirFile returns the bytes of dir's WorkDirFile: nil when dir has
+// none, or when it is longer than 64 KiB (no file a store writes there:
+// the store may replace it). It refuses a WorkDirFile that is not a
+// regular file (a FIFO is opened without blocking, never read) with an
+// error that names it and wraps ErrInvalid, as Open refuses one; other
+// errors are the file system's, naming the file. It writes nothing and is
+// safe for concurrent use.
+func ReadWorkDirFile(dir string) ([]byte, error) {
+	p := filepath.Join(dir, filepath.FromSlash(WorkDirFile))
+	f, _, err := openRegularIn(osFS{}, p, os.O_RDONLY)
 	if err != nil {
-		return "", false // a FIFO or a device too: Open's guard names it
+		if nr := (*notRegular)(nil); errors.As(err, &nr) {
+			return nil, fmt.Errorf("%s is %w", p, err)
+		}
+		if isNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxWorkDirFile))
+	data, err := io.ReadAll(io.LimitReader(f, maxWorkDirFile+1))
 	if err != nil {
-		return "", false
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	if len(data) > maxWorkDirFile {
+		return nil, nil
+	}
+	return data, nil
+}
+
+// RunElsewhere returns the address that dir's WorkDirFile names, and
+// false when dir has none or it names no address (a WorkDirFile that
+// ReadWorkDirFile refuses or finds too long names none: Open refuses the
+// first). It reads that one file and writes nothing; it is safe for
+// concurrent use.
+func RunElsewhere(dir string) (address string, ok bool) {
+	data, err := ReadWorkDirFile(dir)
+	if err != nil || data == nil {
+		return "", false // a FIFO or a device too: Open's guard names it
 	}
 	var rj struct {
 		Address string `json:"address"`

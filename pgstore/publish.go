@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -278,47 +279,21 @@ func otherRun(dir, path string, rj runJSON, this string) error {
 		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, this, path)
 }
 
-// workDirRun reads dir's logs/run.json (path): the zero runJSON when
-// there is none or it cannot be read as one (or is over maxRunJSON: the
-// views rewrite it), an error when it is no regular file (a FIFO, a
-// device: opened without blocking, never read), as Open refuses one in a
-// run directory.
+// workDirRun reads dir's logs/run.json (path, runstate.ReadWorkDirFile):
+// the zero runJSON when there is none, or it cannot be read (writeRun
+// says why) or read as one (the views rewrite it); an error when it is no
+// regular file (a FIFO: opened without blocking, never read), as Open
+// refuses one in a run directory.
 func workDirRun(dir string) (rj runJSON, path string, err error) {
 	path = filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
-	f, err := os.OpenFile(path, os.O_RDONLY|oNonblock, 0)
-	if err != nil {
-		return rj, path, nil // none (or unreadable: writeRun says why)
+	data, err := runstate.ReadWorkDirFile(dir)
+	if errors.Is(err, runstate.ErrInvalid) {
+		return rj, path, fmt.Errorf("pgstore: %w: it is where pgstore names the run of the working directory %s; remove it, or give the run another working directory", err, dir)
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
-		return rj, path, fmt.Errorf("%w: pgstore: %s is %s, not a regular file: it is where pgstore names the run of the working directory %s; remove it, or give the run another working directory",
-			runstate.ErrInvalid, path, fileKind(fi.Mode()), dir)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxRunJSON+1))
-	if err != nil || len(data) > maxRunJSON || json.Unmarshal(data, &rj) != nil {
+	if err != nil || json.Unmarshal(data, &rj) != nil {
 		return runJSON{}, path, nil
 	}
 	return rj, path, nil
-}
-
-// maxRunJSON caps what checkWorkDir reads of logs/run.json: the file
-// pgstore writes is a few hundred bytes.
-const maxRunJSON = 64 << 10
-
-// fileKind names the kind of file mode m is, for an error (as the
-// runstate package names the kinds of its own files).
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a named pipe (FIFO)"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m.IsDir():
-		return "a directory"
-	}
-	return "of mode " + m.String()
 }
 
 // newest is data at at, unless it is nil or cur is newer.

@@ -1,6 +1,0 @@
-//go:build !unix
-
-package pgstore
-
-// oNonblock: opening a file does not block here (checkWorkDir).
-const oNonblock = 0
