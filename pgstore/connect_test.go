@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -372,4 +373,57 @@ func fakeOldServer(t *testing.T, version string) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// A Connect that finds another program's migration of the schema under
+// way waits for it only as long as its context allows: when the context
+// ends first, Connect returns promptly, with an error that wraps the
+// context's and says what it waited for and what to do. Once the other
+// program lets the lock go, Connect migrates the schema.
+func TestConnectWaitsForAMigrationAsLongAsItsContext(t *testing.T) {
+	schema := newSchema(t)
+	dsn := withSchema(testDSN(t), schema)
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, testDSN(t))
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	key := hashKey("runstate/migrate/" + schema)
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", key)
+	require.NoError(t, err)
+
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = Connect(cctx, dsn)
+	took := time.Since(start)
+	waitErr := err
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), schema)
+	assert.Contains(t, err.Error(), "another program is migrating it")
+	assert.Less(t, took, 5*time.Second, "Connect returned %v after its context ended", took)
+
+	// The wait left nothing behind: no schema_version, and the lock is
+	// the holder's alone (the waiter's session ended with its connection).
+	assert.Eventually(t, func() bool {
+		var waiters int
+		require.NoError(t, holder.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND ((classid::bigint << 32) | objid::bigint) = $1`, key).Scan(&waiters))
+		return waiters == 0
+	}, 5*time.Second, 20*time.Millisecond, "a waiter for the migration lock outlived Connect")
+
+	// The query the error gives finds the holder.
+	q := waitErr.Error()[strings.Index(waitErr.Error(), "SELECT pid"):]
+	var pid uint32
+	require.NoError(t, holder.QueryRow(ctx, "SELECT pid FROM ("+q+") h").Scan(&pid))
+	assert.Equal(t, holder.PgConn().PID(), pid)
+
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", key)
+	require.NoError(t, err)
+	db, err := Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	var versions int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql("SELECT count(*) FROM {s}.schema_version")).Scan(&versions))
+	assert.Equal(t, SchemaVersion, versions)
 }

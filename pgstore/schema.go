@@ -68,6 +68,12 @@ func (db *DB) migrateTo(ctx context.Context, want int) error {
 		return db.connectError(err)
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		if ctx.Err() != nil {
+			// The wait is for another program's migration (or Connect)
+			// holding the lock: this one's context ended first.
+			return fmt.Errorf("pgstore: schema %s in %s: another program is migrating it (it holds the advisory lock %d), and this Connect's context ended before it finished: %w; connect again, or find the holder: SELECT pid, application_name, state, query FROM pg_stat_activity JOIN pg_locks USING (pid) WHERE locktype = 'advisory' AND granted AND ((classid::bigint << 32) | objid::bigint) = %d",
+				db.schema, db.where, key, err, key)
+		}
 		return fmt.Errorf("pgstore: lock the schema %s for its migration: %w", db.schema, err)
 	}
 	tx, err := conn.BeginTx(ctx, readCommitted)
