@@ -47,6 +47,11 @@ func (r *Run) open(ctx context.Context) error {
 		return err
 	}
 	r.st = st
+	if c, ok := r.store.(WorkDirChecker); ok {
+		if err := c.CheckWorkDir(r.dir, st.identity.ID); err != nil {
+			return err // before the session's first record: nothing recorded
+		}
+	}
 	if err := r.openOutputs(); err != nil {
 		return err
 	}

@@ -166,7 +166,9 @@ func Open(dir string, opts *Options) (*Run, error) {
 // created). When it returns, what Open says is in the ledger is in s: the
 // session's open record (and, for a new run, its create record,
 // durably). A store that keeps a view of the run in dir (WorkDirViewer,
-// as pgstore's DB.Store) has started it, as the store's own Open does.
+// as pgstore's DB.Store) has started it, as the store's own Open does;
+// one that can refuse dir (WorkDirChecker) has checked it before the
+// session recorded anything.
 // Safe for concurrent use as Open is; s serves the returned
 // Run alone, which closes it (also when OpenStore fails). Its waits for
 // the run's lock are bounded by Options.LockTimeout alone:

@@ -3,6 +3,7 @@ package runstate_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -161,4 +162,56 @@ func TestStoreReadersWriteNothing(t *testing.T) {
 	_, err = runstate.VerifyStore(ctx, s, dir)
 	require.NoError(t, err)
 	assert.Equal(t, before, fileStates(t, dir))
+}
+
+// checkingStore is plainStore that is a runstate.WorkDirChecker: it notes
+// each call and refuses with refuse when set.
+type checkingStore struct {
+	plainStore
+	calls  *[]string // "dir|runID" of each call
+	refuse error
+}
+
+func (s checkingStore) CheckWorkDir(dir, runID string) error {
+	*s.calls = append(*s.calls, dir+"|"+runID)
+	return s.refuse
+}
+
+// OpenStore asks a WorkDirChecker about the working directory before the
+// session records anything: with "" for a run it is about to create, with
+// the run's id for one it resumes; a refusal fails OpenStore with
+// nothing recorded, neither the create record of a new run nor the open
+// record of an existing one.
+func TestOpenStoreChecksTheWorkDirBeforeRecording(t *testing.T) {
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: testRequest}
+	var calls []string
+	open := func(refuse error) (*runstate.Run, error) {
+		return runstate.OpenStore(checkingStore{plainStore{runstate.NewFileStore(dir, opts)}, &calls, refuse}, dir, opts)
+	}
+	refusal := errors.New("not this directory")
+	_, err := open(refusal)
+	require.ErrorIs(t, err, refusal)
+	assert.Equal(t, []string{dir + "|"}, calls, "a new run is checked with no id")
+	_, err = os.Stat(filepath.Join(dir, "logs", "ledger.jsonl"))
+	if err == nil {
+		n := 0
+		require.NoError(t, runstate.ReadLedger(dir, func(*runstate.Record) error { n++; return nil }))
+		assert.Zero(t, n, "the refused OpenStore created the run")
+	}
+
+	r, err := open(nil)
+	require.NoError(t, err)
+	id := r.ID()
+	require.NoError(t, r.Close())
+	var before int
+	require.NoError(t, runstate.ReadLedger(dir, func(*runstate.Record) error { before++; return nil }))
+
+	calls = nil
+	_, err = open(refusal)
+	require.ErrorIs(t, err, refusal)
+	assert.Equal(t, []string{dir + "|" + id}, calls, "an existing run is checked with its id")
+	after := 0
+	require.NoError(t, runstate.ReadLedger(dir, func(*runstate.Record) error { after++; return nil }))
+	assert.Equal(t, before, after, "the refused OpenStore recorded nothing")
 }

@@ -84,3 +84,15 @@ func RunElsewhere(dir string) (address string, ok bool) {
 type WorkDirViewer interface {
 	ViewWorkDir(dir, runID string) error
 }
+
+// WorkDirChecker is a Store that can refuse a local working directory
+// (one that belongs to another run, say) before the session records
+// anything: OpenStore calls CheckWorkDir once, after the store's Open
+// has returned the run's records and before the session's open record
+// (and a new run's create record), with the working directory and the
+// run's id, or "" for a run that this session is about to create. An
+// error fails OpenStore with nothing of the session recorded; the
+// directory is as it was. pgstore's DB.Store is one.
+type WorkDirChecker interface {
+	CheckWorkDir(dir, runID string) error
+}

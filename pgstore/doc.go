@@ -149,7 +149,9 @@
 // back: the database is the truth), and logs/run.json, the run's address without a
 // password, so that 'runstate status DIR' there reads the run; the same for
 // a Run opened with DB.Open or with runstate.OpenStore(db.Store(name), dir,
-// opts) (the store is a runstate.WorkDirViewer). The handoff's "look at:"
+// opts) (the store is a runstate.WorkDirViewer; a work dir whose
+// logs/run.json names another run, by name or by id, is refused before
+// the session records anything: runstate.WorkDirChecker). The handoff's "look at:"
 // lines, Status's blocker Actions and the advice in errors name the run by
 // its address (runstate.Addresser).
 //

@@ -48,9 +48,9 @@ import (
 // Open fails with runstate.ErrMismatch when the run serves another
 // Request, as Open does for a directory, or when workDir is another
 // run's working directory (its logs/run.json names another run: by name
-// or schema, refused before anything is recorded; by id alone, as when
-// the run was made again under its name, once the session is open, with
-// its open and close records), and
+// or schema, refused before the run is opened; by id alone, as when the
+// run was made again under its name, refused before the session records
+// anything), and
 // with runstate.ErrInvalid for a run name that breaks the rule of stage
 // names (valid UTF-8 of at most 256 bytes, no control character, no space
 // at either end).

@@ -181,7 +181,10 @@ func (s *store) PublishDue() (manifest, handoff bool) {
 	return s.pub.due(time.Now())
 }
 
-var _ runstate.Pacer = (*store)(nil)
+var (
+	_ runstate.Pacer          = (*store)(nil)
+	_ runstate.WorkDirChecker = (*store)(nil)
+)
 
 // writeKept writes the projections kept and due (all: every one kept) in
 // a transaction of their own, with synchronous_commit off, best effort
@@ -249,16 +252,33 @@ func (s *store) ViewWorkDir(dir, runID string) error {
 	return nil
 }
 
+// CheckWorkDir refuses (runstate.WorkDirChecker), before the session
+// records anything, a working directory whose logs/run.json names
+// another run: by name or schema (what DB.Open checks before it opens the
+// run, checked here again for runstate.OpenStore(db.Store(name), dir,
+// opts)), or by id, as when the run was made again under its name; runID
+// is "" for a run this session is about to create, which no directory
+// can name yet. Two runs in one directory would mix their outputs and
+// views.
+func (s *store) CheckWorkDir(dir, runID string) error {
+	if err := checkWorkDirName(dir, s.db.schema, s.name); err != nil {
+		return err
+	}
+	return checkWorkDir(dir, runID)
+}
+
 // checkWorkDir refuses a working directory whose logs/run.json names
-// another run (another id): two runs in one directory would mix their
-// outputs and views (DB.Open refuses one that names another run by name
-// before it opens the run: checkWorkDirName).
+// another run (another id; runID "": a run not yet created).
 func checkWorkDir(dir, runID string) error {
 	rj, path, err := workDirRun(dir)
 	if err != nil || rj.ID == "" || rj.ID == runID {
 		return err
 	}
-	return otherRun(dir, path, rj, "this run's id is "+runID)
+	this := "this run's id is " + runID
+	if runID == "" {
+		this = "this run is not in the database yet (it would be created anew under its name, with another id)"
+	}
+	return otherRun(dir, path, rj, this)
 }
 
 // checkWorkDirName refuses, before the run is opened (so that nothing is

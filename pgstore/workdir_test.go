@@ -76,3 +76,69 @@ func TestOpenRefusesAWorkDirOfAnotherRunBeforeRecording(t *testing.T) {
 	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.runs WHERE name = 'b'`)).Scan(&runs))
 	assert.Zero(t, runs, "the refused run was not created")
 }
+
+// A working directory whose logs/run.json names this run's name with
+// another id (the run was made again under its name, or the database
+// lost it) is refused before the session records anything: no open or
+// close record is added to the run, none is made for a run not yet in the
+// database, and no session is left open. The same holds for a directory
+// of another run opened through runstate.OpenStore(db.Store(name), ...),
+// which skips DB.Open's check by name.
+func TestOpenRefusesAWorkDirOfAnotherIDBeforeRecording(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
+	require.NoError(t, err)
+	idA := a.ID()
+	require.NoError(t, a.Close())
+	before := runRecords(t, db, "a")
+
+	// Another incarnation of a: the directory names a by name, another id.
+	path := filepath.Join(dir, "logs", "run.json")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var rj runJSON
+	require.NoError(t, json.Unmarshal(data, &rj))
+	rj.ID = "0190a0a0-0000-7000-8000-000000000001"
+	data, err = json.Marshal(rj)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+
+	refused := func(r *runstate.Run, err error) error {
+		if r != nil {
+			_ = r.Close()
+		}
+		return err
+	}
+	err = refused(db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"}))
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), "this run's id is "+idA)
+	assert.Equal(t, before, runRecords(t, db, "a"), "the refused Open recorded nothing in run a")
+
+	// A run of that name not in the database (another schema's name for
+	// it): nothing is created but the run's row.
+	rj.Run, rj.ID, rj.Address = "c", "0190a0a0-0000-7000-8000-000000000002", db.Address("c")
+	data, err = json.Marshal(rj)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	err = refused(db.Open(ctx, "c", dir, &runstate.Options{Request: "run c"}))
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), "not in the database yet")
+	assert.Zero(t, runRecords(t, db, "c"), "the refused Open created no run c")
+
+	// OpenStore(db.Store(...)) of another run's directory, by name.
+	err = refused(runstate.OpenStore(db.Store("b"), dir, &runstate.Options{Request: "run b"}))
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), `this run is "b" in schema `+db.schema)
+	assert.Zero(t, runRecords(t, db, "b"), "the refused OpenStore created no run b")
+	assert.Zero(t, sessionRows(t, db), "the refused Opens left no session open")
+}
+
+// runRecords is how many records the run named name has.
+func runRecords(t *testing.T, db *DB, name string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.pool.QueryRow(context.Background(), db.sql(`SELECT count(*) FROM {s}.records r JOIN {s}.runs u ON u.id = r.run_id WHERE u.name = $1`), name).Scan(&n))
+	return n
+}
