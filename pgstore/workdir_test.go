@@ -18,13 +18,8 @@ import (
 // names that run, which opens there again, and the refused Open leaves no
 // session open.
 func TestOpenRefusesAWorkDirOfAnotherRun(t *testing.T) {
-	db := newTestDB(t)
+	db, dir, idA := workDirOfRunA(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
-	require.NoError(t, err)
-	idA := a.ID()
-	require.NoError(t, a.Close())
 
 	for _, open := range []func() (*runstate.Run, error){
 		func() (*runstate.Run, error) { return db.Open(ctx, "b", dir, &runstate.Options{Request: "run b"}) },
@@ -49,7 +44,7 @@ func TestOpenRefusesAWorkDirOfAnotherRun(t *testing.T) {
 	assert.Equal(t, idA, rj.ID, "the directory still names run a")
 	assert.Zero(t, sessionRows(t, db), "the refused Opens left no session open")
 
-	a, err = db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
+	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
 	require.NoError(t, err, "run a opens in its own directory again")
 	require.NoError(t, a.Close())
 }
@@ -58,12 +53,8 @@ func TestOpenRefusesAWorkDirOfAnotherRun(t *testing.T) {
 // run by name before it opens the run: nothing is recorded of the
 // refused one, not even its row in runs.
 func TestOpenRefusesAWorkDirOfAnotherRunBeforeRecording(t *testing.T) {
-	db := newTestDB(t)
+	db, dir, _ := workDirOfRunA(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
-	require.NoError(t, err)
-	require.NoError(t, a.Close())
 
 	b, err := db.Open(ctx, "b", dir, &runstate.Options{Request: "run b"})
 	if b != nil {
@@ -85,13 +76,8 @@ func TestOpenRefusesAWorkDirOfAnotherRunBeforeRecording(t *testing.T) {
 // of another run opened through runstate.OpenStore(db.Store(name), ...),
 // which skips DB.Open's check by name.
 func TestOpenRefusesAWorkDirOfAnotherIDBeforeRecording(t *testing.T) {
-	db := newTestDB(t)
+	db, dir, idA := workDirOfRunA(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	a, err := db.Open(ctx, "a", dir, &runstate.Options{Request: "run a"})
-	require.NoError(t, err)
-	idA := a.ID()
-	require.NoError(t, a.Close())
 	before := runRecords(t, db, "a")
 
 	// Another incarnation of a: the directory names a by name, another id.
@@ -141,4 +127,17 @@ func runRecords(t *testing.T, db *DB, name string) int {
 	var n int
 	require.NoError(t, db.pool.QueryRow(context.Background(), db.sql(`SELECT count(*) FROM {s}.records r JOIN {s}.runs u ON u.id = r.run_id WHERE u.name = $1`), name).Scan(&n))
 	return n
+}
+
+// workDirOfRunA opens and closes run "a" (Request "run a") of a new
+// schema in a new working directory, and returns them and a's id.
+func workDirOfRunA(t *testing.T) (*DB, string, string) {
+	t.Helper()
+	db := newTestDB(t)
+	dir := t.TempDir()
+	a, err := db.Open(context.Background(), "a", dir, &runstate.Options{Request: "run a"})
+	require.NoError(t, err)
+	id := a.ID()
+	require.NoError(t, a.Close())
+	return db, dir, id
 }
