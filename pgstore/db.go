@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,9 +36,11 @@ type DB struct {
 	// lockCfg is the configuration of the session lock connections
 	// (session.go): the pool's, with keepalives and tcp_user_timeout.
 	lockCfg *pgx.ConnConfig
-	sslmode string      // the DSN's (else PGSSLMODE's), for Address; "": not given
-	closed  atomic.Bool // Close was called: errors say so (closedError)
-	stmts   sync.Map    // statement templates → with the schema (sql)
+	// addrParams: how the DSN (else the environment) says to connect,
+	// for Address (addressParams); in addressKeys' order.
+	addrParams [][2]string
+	closed     atomic.Bool // Close was called: errors say so (closedError)
+	stmts      sync.Map    // statement templates → with the schema (sql)
 	// lz4: the server compresses with lz4 (PostgreSQL 14 or later, built
 	// with it): a manifest is stored with it (queuePublish).
 	lz4 bool
@@ -105,10 +108,7 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	if err := checkSchemaName(schema); err != nil {
 		return nil, err
 	}
-	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig), sslmode: dsnSetting(dsn, "sslmode")}
-	if db.sslmode == "" {
-		db.sslmode = os.Getenv("PGSSLMODE") // pgx's default too
-	}
+	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig), addrParams: addressParams(dsn)}
 	// Every connection notices a server it can no longer reach within
 	// about userTimeout, instead of the kernel's minutes: keepalives
 	// when idle, TCP_USER_TIMEOUT (Linux) while data waits for an ACK;
@@ -259,6 +259,46 @@ func parseError(err error) error {
 // dsnSetting is the value the DSN gives key: a URL's query parameter, or
 // a key=value DSN's value (unquoted, its backslash escapes undone, as
 // libpq reads it); "" when it gives none or cannot be read.
+// addressKeys are the DSN's settings that Address keeps, besides the
+// hosts, database, user and schema: how to connect (TLS, and which host
+// of a list), never a secret (sslpassword, password). Each with the
+// environment variable pgx reads when the DSN does not set it, and
+// whether it is a file's path.
+var addressKeys = []struct {
+	key, env string
+	path     bool
+}{
+	{"sslmode", "PGSSLMODE", false},
+	{"sslrootcert", "PGSSLROOTCERT", true},
+	{"sslcert", "PGSSLCERT", true},
+	{"sslkey", "PGSSLKEY", true},
+	{"sslsni", "PGSSLSNI", false},
+	{"target_session_attrs", "PGTARGETSESSIONATTRS", false},
+}
+
+// addressParams is what of dsn Address keeps (addressKeys): each set by
+// the DSN, else by its environment variable, a relative path made
+// absolute (a command run elsewhere reads the same file).
+func addressParams(dsn string) [][2]string {
+	var params [][2]string
+	for _, k := range addressKeys {
+		v := dsnSetting(dsn, k.key)
+		if v == "" {
+			v = os.Getenv(k.env) // pgx's default too
+		}
+		if v == "" {
+			continue
+		}
+		if k.path && !filepath.IsAbs(v) && v != "system" {
+			if abs, err := filepath.Abs(v); err == nil {
+				v = abs
+			}
+		}
+		params = append(params, [2]string{k.key, v})
+	}
+	return params
+}
+
 func dsnSetting(dsn, key string) string {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)

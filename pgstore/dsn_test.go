@@ -102,7 +102,7 @@ func TestAddressRoundTrips(t *testing.T) {
 		require.NoError(t, err)
 		cfg, err := pgconn.ParseConfig(rest)
 		require.NoError(t, err, dsn)
-		db := &DB{schema: DefaultSchema, lockCfg: &pgx.ConnConfig{Config: *cfg}, sslmode: dsnSetting(rest, "sslmode")}
+		db := &DB{schema: DefaultSchema, lockCfg: &pgx.ConnConfig{Config: *cfg}, addrParams: addressParams(rest)}
 		if strings.Contains(dsn, "schema=s2") {
 			db.schema = "s2"
 		}

@@ -156,8 +156,11 @@ func (db *DB) Runs(ctx context.Context) ([]string, error) {
 
 // Address is the run's address for the runstate command, without the
 // password: postgres://USER@HOST:PORT/DATABASE?run=NAME, with schema=S
-// for a schema other than runstate, sslmode as the DSN (or PGSSLMODE)
-// gave it, every host of a list (HOST:PORT,HOST2:PORT2), and a Unix
+// for a schema other than runstate, the TLS settings and
+// target_session_attrs as the DSN (or the environment: PGSSLMODE,
+// PGSSLROOTCERT …) gave them (sslmode, sslrootcert, sslcert and sslkey,
+// each path made absolute, sslsni; never sslpassword), every host of a
+// list (HOST:PORT,HOST2:PORT2), and a Unix
 // socket's directory and port as host=DIR&port=PORT: read back, it
 // connects to the same server, database and user, the same way. It reads
 // nothing from the server (the run need not exist). Safe for concurrent
@@ -192,8 +195,8 @@ func (db *DB) Address(run string) string {
 		}
 		u.Host = strings.Join(hosts, ",")
 	}
-	if db.sslmode != "" {
-		q.Set("sslmode", db.sslmode)
+	for _, kv := range db.addrParams {
+		q.Set(kv[0], kv[1])
 	}
 	if db.schema != DefaultSchema {
 		q.Set("schema", db.schema)
