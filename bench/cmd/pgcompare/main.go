@@ -420,7 +420,11 @@ func (b *bench) processes(ctx context.Context, e *entry, n int, own bool, round 
 		cfg.Conns = 2
 		cfg.Dir = filepath.Join(b.work, fmt.Sprintf("%s-r%d-p%d", e.info.name, round, i))
 		if own {
+			// A run of its own, in a working directory of its own: the
+			// shared run's, of the same round, names that run (pgstore
+			// refuses a working directory of another run).
 			cfg.Run = fmt.Sprintf("bench-p%d", i)
+			cfg.Dir += "-own"
 		}
 		job, _ := json.Marshal(childJob{Cfg: cfg, First: b.take(per), N: per})
 		cmd := exec.CommandContext(ctx, exe, "-child", e.info.name, fmt.Sprintf("-outputs=%t", writeOutputs))
