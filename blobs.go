@@ -106,7 +106,7 @@ func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output, kept map[string
 	if k, ok := kept[o.Path]; ok && k.sum == o.SHA256 {
 		return bs.Put(ctx, o.SHA256, o.Size, bytes.NewReader(k.data))
 	}
-	f, err := openRegular(func(flag int) (*os.File, error) { return r.out.root.OpenFile(filepath.FromSlash(o.Path), flag, 0) })
+	f, _, err := openRegular(os.O_RDONLY, func(flag int) (*os.File, error) { return r.out.root.OpenFile(filepath.FromSlash(o.Path), flag, 0) })
 	if err != nil {
 		return err
 	}

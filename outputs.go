@@ -209,7 +209,7 @@ func (out *outputs) check(outs []Output) string {
 
 // hash returns the hex SHA-256 and the size of the regular file rel.
 func (o *outputs) hash(rel string) (string, int64, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return o.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
+	f, _, err := openRegular(os.O_RDONLY, func(flag int) (*os.File, error) { return o.root.OpenFile(filepath.FromSlash(rel), flag, 0) })
 	if err != nil {
 		return "", 0, err
 	}

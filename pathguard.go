@@ -218,20 +218,27 @@ func reservedName(rel string) string {
 	return ""
 }
 
-// openRegular opens a file to hash it (an input, an output) with open,
-// without blocking on a FIFO, and refuses one that is not a regular file
-// (a FIFO, a device such as /dev/zero, a directory) with a *notRegular:
-// hashing it would block or never end.
-func openRegular(open func(flag int) (*os.File, error)) (*os.File, error) {
-	f, err := open(os.O_RDONLY | oNonblock)
+// openRegular opens a file with open, given flag with O_NONBLOCK added so
+// that a FIFO does not block, and returns it with its FileInfo. A file
+// that is not a regular one (a FIFO, a device such as /dev/zero, a
+// directory) is closed again and refused with a *notRegular: reading or
+// hashing it would block or never end. Other errors are open's and
+// stat's, which name the file.
+func openRegular[F interface {
+	Stat() (fs.FileInfo, error)
+	Close() error
+}](flag int, open func(flag int) (F, error)) (F, fs.FileInfo, error) {
+	var none F
+	f, err := open(flag | oNonblock)
 	if err != nil {
-		return nil, err
+		return none, nil, err
 	}
-	if _, err := statRegular(f); err != nil {
+	fi, err := statRegular(f)
+	if err != nil {
 		f.Close()
-		return nil, err
+		return none, nil, err
 	}
-	return f, nil
+	return f, fi, nil
 }
 
 // statRegular returns f's FileInfo, or a *notRegular when f is not a

@@ -79,7 +79,7 @@ func (ev *evidence) recorded(inputs map[string]string) map[string]string {
 
 // hashFile is the fingerprint of the File input at p.
 func hashFile(p string) (string, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
+	f, _, err := openRegularIn(osFS{}, p, os.O_RDONLY)
 	if err != nil {
 		return "", err
 	}

@@ -76,25 +76,9 @@ func readFile(fsys fileSystem, name string, limit int64) ([]byte, error) {
 	return data, nil
 }
 
-// openRegularIn opens name in fsys with flag, without blocking on a FIFO,
-// and returns it with its FileInfo; a file that is not a regular one is
-// closed again and refused with a *notRegular. Other errors name the
-// file: open's as it makes them (isNotExist holds for a missing one),
-// stat's wrapped.
+// openRegularIn is openRegular of name in fsys.
 func openRegularIn(fsys fileSystem, name string, flag int) (file, fs.FileInfo, error) {
-	f, err := fsys.OpenFile(name, flag|oNonblock, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	fi, err := statRegular(f)
-	if err != nil {
-		f.Close()
-		if nr := (*notRegular)(nil); !errors.As(err, &nr) {
-			err = fmt.Errorf("stat %s: %w", name, err)
-		}
-		return nil, nil, err
-	}
-	return f, fi, nil
+	return openRegular(flag, func(flag int) (file, error) { return fsys.OpenFile(name, flag, 0) })
 }
 
 func tooLarge(name string, n, limit int64) error {

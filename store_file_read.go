@@ -243,7 +243,7 @@ func (s *dirStore) snapshotInLedger(pos snapshotPos) bool {
 // nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its
 // first line.
 func nextStepsSeq(p string) (int64, error) {
-	f, err := openRegular(func(flag int) (*os.File, error) { return os.OpenFile(p, flag, 0) })
+	f, _, err := openRegularIn(osFS{}, p, os.O_RDONLY)
 	if err != nil {
 		return 0, fmt.Errorf("unreadable: %v", err)
 	}
