@@ -67,7 +67,7 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return nil, fmt.Errorf("pgstore: cannot create the working directory %s: %w", workDir, err)
 	}
-	if err := checkWorkDirName(workDir, db.schema, run); err != nil {
+	if err := checkWorkDir(workDir, db.schema, run, nil); err != nil {
 		return nil, err // before the run is opened: nothing recorded
 	}
 	// The views in workDir are the store's (ViewWorkDir, publish.go), and

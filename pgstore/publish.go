@@ -224,9 +224,6 @@ func (s *store) writeKept(all, started bool) {
 // logs/run.json at once (no fsync: a view) and the projections of the
 // open batch within viewsEvery. Safe for concurrent use with Publish.
 func (s *store) ViewWorkDir(dir, runID string) error {
-	if err := checkWorkDir(dir, runID); err != nil {
-		return err
-	}
 	v, err := newViews(dir)
 	if err != nil {
 		return err
@@ -261,35 +258,27 @@ func (s *store) ViewWorkDir(dir, runID string) error {
 // can name yet. Two runs in one directory would mix their outputs and
 // views.
 func (s *store) CheckWorkDir(dir, runID string) error {
-	if err := checkWorkDirName(dir, s.db.schema, s.name); err != nil {
-		return err
-	}
-	return checkWorkDir(dir, runID)
+	return checkWorkDir(dir, s.db.schema, s.name, &runID)
 }
 
-// checkWorkDir refuses a working directory whose logs/run.json names
-// another run (another id; runID "": a run not yet created).
-func checkWorkDir(dir, runID string) error {
+// checkWorkDir refuses a working directory whose logs/run.json names a
+// run other than run in schema, or, when runID is not nil, this run with
+// another id than *runID ("": a run not yet created). DB.Open checks the
+// name alone (runID nil) before it opens the run, so that a refused one
+// records nothing, not even its runs row.
+func checkWorkDir(dir, schema, run string, runID *string) error {
 	rj, path, err := workDirRun(dir)
-	if err != nil || rj.ID == "" || rj.ID == runID {
+	switch {
+	case err != nil:
 		return err
+	case rj.Run != "" && (rj.Run != run || rj.Schema != schema):
+		return otherRun(dir, path, rj, fmt.Sprintf("this run is %q in schema %s", run, schema))
+	case runID == nil || rj.ID == "" || rj.ID == *runID:
+		return nil
+	case *runID == "":
+		return otherRun(dir, path, rj, "this run is not in the database yet (it would be created anew under its name, with another id)")
 	}
-	this := "this run's id is " + runID
-	if runID == "" {
-		this = "this run is not in the database yet (it would be created anew under its name, with another id)"
-	}
-	return otherRun(dir, path, rj, this)
-}
-
-// checkWorkDirName refuses, before the run is opened (so that nothing is
-// recorded), a working directory whose logs/run.json names a run other
-// than run in schema: checkWorkDir's check by name.
-func checkWorkDirName(dir, schema, run string) error {
-	rj, path, err := workDirRun(dir)
-	if err != nil || rj.Run == "" || rj.Run == run && rj.Schema == schema {
-		return err
-	}
-	return otherRun(dir, path, rj, fmt.Sprintf("this run is %q in schema %s", run, schema))
+	return otherRun(dir, path, rj, "this run's id is "+*runID)
 }
 
 // otherRun is the error for a working directory dir whose logs/run.json
