@@ -256,9 +256,6 @@ func parseError(err error) error {
 	return fmt.Errorf("pgstore: cannot parse the DSN (not shown: it may hold a password): %s; expected postgres://USER@HOST:PORT/DATABASE?schema=NAME or key=value pairs (host=H port=P dbname=D user=U)", reason)
 }
 
-// dsnSetting is the value the DSN gives key: a URL's query parameter, or
-// a key=value DSN's value (unquoted, its backslash escapes undone, as
-// libpq reads it); "" when it gives none or cannot be read.
 // addressKeys are the DSN's settings that Address keeps, besides the
 // hosts, database, user and schema: how to connect (TLS, and which host
 // of a list), never a secret (sslpassword, password). Each with the
@@ -299,6 +296,9 @@ func addressParams(dsn string) [][2]string {
 	return params
 }
 
+// dsnSetting is the value the DSN gives key: a URL's query parameter, or
+// a key=value DSN's value (unquoted, its backslash escapes undone, as
+// libpq reads it); "" when it gives none or cannot be read.
 func dsnSetting(dsn, key string) string {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
