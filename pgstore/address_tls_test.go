@@ -72,16 +72,15 @@ func TestAddressKeepsTheTLSFilesAndTheSessionKind(t *testing.T) {
 			got, err := pgconn.ParseConfig(dsn)
 			require.NoError(t, err, addr)
 			assert.Equal(t, tlsShape(cfg), tlsShape(got), "TLS")
-			all := append([]*pgconn.Config{got}, fallbackConfigs(got)...)
-			want := append([]*pgconn.Config{cfg}, fallbackConfigs(cfg)...)
-			for i, g := range all {
-				require.NotNil(t, g.TLSConfig)
-				require.NotNil(t, g.TLSConfig.RootCAs, "host %d: the root certificate is read", i)
-				assert.True(t, g.TLSConfig.RootCAs.Equal(want[i].TLSConfig.RootCAs), "host %d: the same CA", i)
-				assert.Equal(t, len(want[i].TLSConfig.Certificates), len(g.TLSConfig.Certificates), "host %d: the client certificate", i)
+			want := tlsConfigs(cfg)
+			for i, g := range tlsConfigs(got) {
+				require.NotNil(t, g)
+				require.NotNil(t, g.RootCAs, "try %d: the root certificate is read", i)
+				assert.True(t, g.RootCAs.Equal(want[i].RootCAs), "try %d: the same CA", i)
+				assert.Equal(t, len(want[i].Certificates), len(g.Certificates), "try %d: the client certificate", i)
 				if c.client {
-					require.Len(t, g.TLSConfig.Certificates, 1)
-					assert.Equal(t, want[i].TLSConfig.Certificates[0].Certificate, g.TLSConfig.Certificates[0].Certificate)
+					require.Len(t, g.Certificates, 1)
+					assert.Equal(t, want[i].Certificates[0].Certificate, g.Certificates[0].Certificate)
 				}
 			}
 			assert.Equal(t, c.session, got.ValidateConnect != nil, "target_session_attrs")
@@ -92,14 +91,6 @@ func TestAddressKeepsTheTLSFilesAndTheSessionKind(t *testing.T) {
 			t.Chdir(dir)
 		})
 	}
-}
-
-func fallbackConfigs(c *pgconn.Config) []*pgconn.Config {
-	var list []*pgconn.Config
-	for _, f := range c.Fallbacks {
-		list = append(list, &pgconn.Config{TLSConfig: f.TLSConfig})
-	}
-	return list
 }
 
 // writeTestCerts writes a CA (ca.pem) and a client certificate it signed

@@ -172,9 +172,19 @@ func tlsShape(c *pgconn.Config) []string {
 			return "tls verify " + t.ServerName
 		}
 	}
-	list := []string{shape(c.TLSConfig)}
+	var list []string
+	for _, t := range tlsConfigs(c) {
+		list = append(list, shape(t))
+	}
+	return list
+}
+
+// tlsConfigs is the TLS configuration of each try of c: its own, then its
+// fallbacks'.
+func tlsConfigs(c *pgconn.Config) []*tls.Config {
+	list := []*tls.Config{c.TLSConfig}
 	for _, f := range c.Fallbacks {
-		list = append(list, shape(f.TLSConfig))
+		list = append(list, f.TLSConfig)
 	}
 	return list
 }
