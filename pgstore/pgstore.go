@@ -203,6 +203,10 @@ func (db *DB) Address(run string) string {
 	}
 	q.Set("run", run)
 	u.RawQuery = strings.ReplaceAll(q.Encode(), "%2F", "/") // a '/' needs no escape in a query: host=/var/run/postgresql
+	// An '@' may stand unescaped in a URL's path, but Connect refuses a
+	// DSN with one after the host (checkUserinfo: where the password
+	// ends would be a guess), so a database's '@' is escaped.
+	u.RawPath = strings.ReplaceAll(u.EscapedPath(), "@", "%40")
 	return u.String()
 }
 
