@@ -128,6 +128,8 @@ func TestSplitSchema(t *testing.T) {
 		{"postgres://u@h/db?schema=a", "postgres://u@h/db", "a"},
 		{"postgres://u@h/db?sslmode=disable&schema=a%20b&x=1", "postgres://u@h/db?sslmode=disable&x=1", "a b"},
 		{"host=h schema=a", "host=h schema=a", ""},
+		// pgx unescapes a key: it would send this one to the server as a setting
+		{"postgres://u@h/db?sch%65ma=a&x=1", "postgres://u@h/db?x=1", "a"},
 	} {
 		rest, schema, err := splitSchema(c.in)
 		require.NoError(t, err)

@@ -186,7 +186,7 @@ func splitSchema(dsn string) (rest, schema string, err error) {
 	found := false
 	for _, kv := range strings.Split(query, "&") {
 		k, v, _ := strings.Cut(kv, "=")
-		if k == "schema" {
+		if k, err := url.QueryUnescape(k); err == nil && k == "schema" { // pgx unescapes keys too
 			if found {
 				return "", "", errors.New("pgstore: the DSN names two schemas: give schema=NAME once")
 			}

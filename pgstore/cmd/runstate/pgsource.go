@@ -54,7 +54,7 @@ func splitRun(addr string) (dsn, run string, err error) {
 	found := false
 	for _, kv := range strings.Split(query, "&") {
 		k, v, _ := strings.Cut(kv, "=")
-		if k != "run" {
+		if k, err := url.QueryUnescape(k); err != nil || k != "run" { // pgx unescapes keys too
 			if kv != "" {
 				keep = append(keep, kv)
 			}
