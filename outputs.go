@@ -215,11 +215,24 @@ func (o *outputs) hash(rel string) (string, int64, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, f)
+	n, err := copyFile(h, f)
 	if err != nil {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// copyBufs are copyFile's buffers.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyFile copies f to w through a pooled buffer. io.Copy would take an
+// *os.File's WriteTo, which (to a hash) copies through a new 32 KiB
+// buffer: an allocation as large as the rest of a checkpoint's, for every
+// output hashed.
+func copyFile(w io.Writer, f io.Reader) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	return io.CopyBuffer(w, struct{ io.Reader }{f}, *bp)
 }
 
 // checkLanding refuses an output rel whose path, once the symbolic links

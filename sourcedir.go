@@ -3,7 +3,6 @@ package runstate
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -85,7 +84,7 @@ func hashFile(p string) (string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := copyFile(h, f); err != nil {
 		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
