@@ -40,14 +40,26 @@ func TestOpenRunsStagesAcrossTwoSessions(t *testing.T) {
 	assert.Contains(t, err.Error(), `run "r"`)
 }
 
+// Runs lists the runs that hold a record, by name: not the names whose
+// Open was refused before the first record (which leaves a row in the
+// runs table).
 func TestRunsListsRunNames(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
+	dirB := t.TempDir()
 	for _, name := range []string{"b", "a"} {
-		r, err := db.Open(ctx, name, t.TempDir(), &runstate.Options{Request: "list"})
+		dir := t.TempDir()
+		if name == "b" {
+			dir = dirB
+		}
+		r, err := db.Open(ctx, name, dir, &runstate.Options{Request: "list"})
 		require.NoError(t, err)
 		require.NoError(t, r.Close())
 	}
+	_, err := runstate.OpenStore(db.Store("no-request"), t.TempDir(), &runstate.Options{})
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	_, err = runstate.OpenStore(db.Store("b's-dir"), dirB, &runstate.Options{Request: "list"})
+	require.ErrorIs(t, err, runstate.ErrMismatch)
 	names, err := db.Runs(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "b"}, names)

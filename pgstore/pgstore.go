@@ -140,10 +140,15 @@ func (db *DB) Verify(ctx context.Context, run string, opts ...VerifyOption) (*ru
 	return rep, err
 }
 
-// Runs returns the names of the runs in the schema, in order. It reads
-// one snapshot, writes nothing, and is safe for concurrent use.
+// Runs returns the names of the runs in the schema, in order: those that
+// hold a record. An Open refused before the run's first record (no
+// Options.Request for a new run, a working directory of another run)
+// leaves the name's row in the runs table, which the next Open of the
+// name uses; it is not a run until that Open records. It reads one
+// snapshot, writes nothing, and is safe for concurrent use.
 func (db *DB) Runs(ctx context.Context) ([]string, error) {
-	rows, err := db.pool.Query(ctx, db.sql(`SELECT name FROM {s}.runs ORDER BY name`))
+	rows, err := db.pool.Query(ctx, db.sql(`SELECT r.name FROM {s}.runs r
+		WHERE EXISTS (SELECT 1 FROM {s}.records c WHERE c.run_id = r.id) ORDER BY r.name`))
 	if err != nil {
 		return nil, db.rightsError("list the runs of schema "+db.schema, err)
 	}
