@@ -43,7 +43,7 @@ func FuzzRedact(f *testing.F) {
 	f.Add("agent", "p%zz w?#", "db.example", "application_name=a@b", false)
 	f.Add("u", "secret", "h", "run=%zz", true)
 	f.Fuzz(func(t *testing.T, user, pw, host, query string, param bool) {
-		if len(pw) < 4 || strings.ContainsAny(user, ":@/?#") || strings.ContainsAny(host, "@") || strings.Contains(query, "@") {
+		if len(pw) < 4 || strings.ContainsRune(pw, 0) || strings.ContainsAny(user, ":@/?#") || strings.ContainsAny(host, "@") || strings.Contains(query, "@") {
 			return
 		}
 		var addr string
@@ -58,7 +58,9 @@ func FuzzRedact(f *testing.F) {
 		if strings.Contains(strings.Replace(addr, pw, "", 1), pw) || strings.Contains("xxxxx", pw) {
 			return // pw is elsewhere in the address too
 		}
-		if got := Redact(addr); strings.Contains(got, pw) {
+		// The mask read as a character of its own: a password that ends
+		// in x's and an '@' ("xxx@") is in "xxxxx@" without being shown.
+		if got := Redact(addr); strings.Contains(strings.ReplaceAll(got, "xxxxx", "\x00"), pw) {
 			t.Fatalf("Redact(%q) = %q: the password is there", addr, got)
 		}
 	})
