@@ -58,9 +58,15 @@ func FuzzRedact(f *testing.F) {
 		if strings.Contains(strings.Replace(addr, pw, "", 1), pw) || strings.Contains("xxxxx", pw) {
 			return // pw is elsewhere in the address too
 		}
-		// The mask read as a character of its own: a password that ends
-		// in x's and an '@' ("xxx@") is in "xxxxx@" without being shown.
-		if got := Redact(addr); strings.Contains(strings.ReplaceAll(got, "xxxxx", "\x00"), pw) {
+		got := Redact(addr)
+		shown := strings.Contains(got, pw)
+		if shown && (pw[0] == 'x' || pw[len(pw)-1] == 'x') {
+			// A password that begins or ends in x's can meet the mask
+			// without being shown ("xxx@" in "xxxxx@"): read the mask as
+			// a character of its own.
+			shown = strings.Contains(strings.ReplaceAll(got, "xxxxx", "\x00"), pw)
+		}
+		if shown {
 			t.Fatalf("Redact(%q) = %q: the password is there", addr, got)
 		}
 	})
