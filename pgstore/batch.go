@@ -27,8 +27,10 @@ import (
 var grace = 10 * time.Second
 
 // batch is one append transaction on a pooled connection: the run's head
-// row locked FOR NO KEY UPDATE from Lock to COMMIT (Sync or Unlock) or ROLLBACK
-// (Abort). Not safe for concurrent use: the group-commit leader drives it.
+// row locked FOR NO KEY UPDATE from Lock to COMMIT (Sync or Unlock) or
+// ROLLBACK (Abort); Sync's wait for the WAL flush comes after that COMMIT
+// (commitBatch). Not safe for concurrent use: the group-commit leader
+// drives it.
 type batch struct {
 	s     *store
 	ses   *session
@@ -443,9 +445,13 @@ func optional(s string) *string {
 	return &s
 }
 
-// Sync commits the batch with synchronous_commit on: when it returns nil,
-// its records are in the database's WAL on disk. A connection lost around
-// the COMMIT is resolved by content (resolve.go).
+// Sync commits the batch and waits for its WAL flush: when it returns
+// nil, its records are in the database's WAL on disk. The records commit
+// first, with synchronous_commit off, which releases the head row for the
+// other sessions of the run; a transaction of their session's own after
+// them commits with synchronous_commit on (commitBatch), in the same
+// round trip. A connection lost around either COMMIT is resolved by
+// content (resolve.go), which flushes what it finds.
 func (b *batch) Sync(ctx context.Context) error {
 	if b.done || b.synced {
 		return nil
@@ -628,19 +634,73 @@ func (s *store) queuePublish(pb *pgx.Batch, runID string, all, inline bool) (lar
 
 // commitBatch builds the round trip that ends a locked batch's
 // transaction: the queued records, their outputs and the head's
-// compare-and-set, the projection, SET LOCAL synchronous_commit = off
-// when lazy (else syncOnSQL), COMMIT. (An optimistic batch's is
-// betBatch's.)
-func (b *batch) commitBatch(lazy bool) *pgx.Batch {
-	var pb pgx.Batch
-	b.queueWrites(&pb, lazy, nil, nil)
-	if lazy {
-		pb.Queue("SET LOCAL synchronous_commit = off")
-	} else {
-		pb.Queue(syncOnSQL)
-	}
+// compare-and-set, the projection, SET LOCAL synchronous_commit = off,
+// COMMIT; and when the batch acknowledges (not lazy), a transaction of
+// its own after it that waits for the WAL flush (flushSQL). The head row
+// is released at the first COMMIT, before the flush: other sessions of
+// the run lock it while this one's records reach the disk (early lock
+// release), instead of one flush after another. The records are visible
+// from that COMMIT and durable when the flush's COMMIT answers (WAL is
+// flushed in order: its commit record comes after theirs), which is when
+// Sync returns. cut is the number of statements up to the records'
+// COMMIT: an error after it (sendCommit) leaves them committed but not
+// known to be flushed. (An optimistic batch's is betBatch's.)
+func (b *batch) commitBatch(lazy bool) (pb *pgx.Batch, cut int) {
+	pb = new(pgx.Batch)
+	b.queueWrites(pb, lazy, nil, nil)
+	pb.Queue("SET LOCAL synchronous_commit = off")
 	pb.Queue("COMMIT")
-	return &pb
+	cut = pb.Len()
+	if !lazy {
+		pb.Queue("BEGIN")
+		pb.Queue(syncOnSQL)
+		pb.Queue(b.s.db.sql(flushSQL), b.ses.id)
+		pb.Queue("COMMIT")
+	}
+	return pb, cut
+}
+
+// flushSQL is the write of the transaction that makes a locked batch's
+// records durable (commitBatch): an update of the session's own row in
+// place (a HOT update: no index, and no other session's statement locks
+// the row but for the key share of a foreign key, which it does not
+// block), so that the transaction has an xid and WAL of its own, and its
+// synchronous COMMIT waits for the WAL flush up to its commit record,
+// which follows the records'. A session's row lives until its clean
+// Close; one that is gone (deleted by hand) makes it fail (22012), and the
+// commit is then settled as one whose reply was lost: checkCommit, which
+// finds the records, flushes them. A variable for tests.
+var flushSQL = `WITH u AS (UPDATE {s}.sessions SET pid = pid WHERE id = $1 RETURNING 1) SELECT 1 / count(*) FROM u`
+
+// errUnflushed wraps the error of a locked batch's flush transaction
+// (commitBatch): the records' COMMIT answered, so they are in the table,
+// but whether they reached the disk is not known; ambiguous treats it as
+// a lost reply, which settle resolves by content (and flushes).
+type errUnflushed struct{ err error }
+
+func (e errUnflushed) Error() string {
+	return "the records committed, but waiting for their WAL flush failed: " + e.err.Error()
+}
+func (e errUnflushed) Unwrap() error { return e.err }
+
+// sendCommit sends a commitBatch in one round trip and reads its answers
+// in order: an error after cut is an errUnflushed.
+func sendCommit(ctx context.Context, conn *pgxpool.Conn, pb *pgx.Batch, cut int) error {
+	n := pb.Len()
+	br := conn.SendBatch(ctx, pb)
+	for i := range n {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			if i >= cut {
+				return errUnflushed{err}
+			}
+			return err
+		}
+	}
+	if err := br.Close(); err != nil {
+		return errUnflushed{err} // every statement answered; a failure now is the connection's
+	}
+	return nil
 }
 
 // syncOnSQL makes the transaction commit synchronously where the
@@ -773,6 +833,7 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 		return fmt.Errorf("pgstore: Append's position %d/%s is not its last record's", b.to.Seq, b.to.Hash)
 	}
 	var pb *pgx.Batch
+	cut := -1 // a bet: its answers are read as one
 	// alone, epoch: the session had the run alone when the batch was sent
 	// (ahead.go): a bet confirmed then, in the same epoch, proves its head
 	// for sending ahead.
@@ -803,9 +864,14 @@ func (b *batch) commit(ctx context.Context, lazy bool) error {
 			return err
 		}
 	} else {
-		pb = b.commitBatch(lazy)
+		pb, cut = b.commitBatch(lazy)
 	}
-	err := b.conn.SendBatch(ctx, pb).Close()
+	var err error
+	if cut < 0 {
+		err = b.conn.SendBatch(ctx, pb).Close()
+	} else {
+		err = sendCommit(ctx, b.conn, pb, cut)
+	}
 	switch {
 	case err == nil:
 		if alone && n > 0 {
@@ -870,6 +936,9 @@ func (b *batch) appendError(err error) error {
 // the connection failed (or the context ended) rather than the server
 // answering with an error.
 func ambiguous(err error) bool {
+	if errors.As(err, new(errUnflushed)) {
+		return true
+	}
 	if pgconn.SafeToRetry(err) {
 		return false // nothing was sent
 	}

@@ -145,9 +145,10 @@ func TestBetCommitIsLazyExactlyWhenConfirmed(t *testing.T) {
 // A connection whose synchronous_commit is off (here from the DSN; as
 // well from the server's, the database's or the role's settings) still
 // commits every batch that acknowledges with synchronous_commit on, bet
-// or locked: Sync's promise (in the WAL on disk when it returns) does not
-// depend on a setting the user may not know about. A batch of begins
-// still commits lazily.
+// or locked (a locked batch's records commit lazily and its flush's
+// transaction after them synchronously): Sync's promise (in the WAL on
+// disk when it returns) does not depend on a setting the user may not
+// know about. A batch of begins still commits lazily.
 func TestSyncCommitsAreSynchronousWhateverTheConnectionSays(t *testing.T) {
 	base := newTestDB(t)
 	setting := noteCommitSetting(t, base)
@@ -170,21 +171,32 @@ func TestSyncCommitsAreSynchronousWhateverTheConnectionSays(t *testing.T) {
 			}
 		}
 	}
-	for _, sync := range []bool{false, true} {
-		from := at
-		at = appendLines(t, s, at, session, 2, sync)
-		want := map[bool]string{false: "off", true: "on"}[sync]
-		for seq := from.Seq + 1; seq <= at.Seq; seq++ {
-			assert.Equal(t, want, setting("records", seq), "a locked batch, sync %v: synchronous_commit at the commit of record %d", sync, seq)
-		}
+	// A locked batch's records commit lazily, releasing the head row;
+	// when it acknowledges, the flush's transaction after them commits
+	// with synchronous_commit on (commitBatch).
+	flushes := func(setting string) int {
+		t.Helper()
+		var n int
+		require.NoError(t, base.pool.QueryRow(context.Background(), base.sql(`SELECT count(*) FROM {s}.commit_setting WHERE tab = 'sessions' AND setting = $1`), setting).Scan(&n))
+		return n
 	}
+	for _, sync := range []bool{false, true} {
+		from, on := at, flushes("on")
+		at = appendLines(t, s, at, session, 2, sync)
+		for seq := from.Seq + 1; seq <= at.Seq; seq++ {
+			assert.Equal(t, "off", setting("records", seq), "a locked batch, sync %v: synchronous_commit at the commit of record %d", sync, seq)
+		}
+		assert.Equal(t, map[bool]int{false: on, true: on + 1}[sync], flushes("on"), "a locked batch, sync %v: its flush's commits with synchronous_commit on", sync)
+	}
+	assert.Zero(t, flushes("off"), "a flush committed with synchronous_commit off")
 }
 
 // noteCommitSetting makes every commit that writes a record or a
-// projection in db's schema note current_setting('synchronous_commit')
-// as the transaction commits (a deferred constraint trigger: the value
-// the server's commit obeys), and returns the reader of those notes: the
-// distinct settings noted for tab's row at seq.
+// projection in db's schema, or updates a sessions row (a locked batch's
+// flush: commitBatch), note current_setting('synchronous_commit') as the
+// transaction commits (a deferred constraint trigger: the value the
+// server's commit obeys), and returns the reader of those notes: the
+// distinct settings noted for tab's row at seq (a sessions row's: seq 0).
 func noteCommitSetting(t *testing.T, db *DB) func(tab string, seq int64) string {
 	ctx := context.Background()
 	_, err := db.pool.Exec(ctx, db.sql(`
@@ -197,7 +209,14 @@ END $$;
 CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT ON {s}.records
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting();
 CREATE CONSTRAINT TRIGGER note_commit_setting AFTER INSERT OR UPDATE ON {s}.projections
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting()`))
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_setting();
+CREATE FUNCTION {s}.note_flush_setting() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {s}.commit_setting VALUES (TG_TABLE_NAME, 0, current_setting('synchronous_commit'));
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER note_flush_setting AFTER UPDATE ON {s}.sessions
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.note_flush_setting()`))
 	require.NoError(t, err)
 	setting := func(tab string, seq int64) string {
 		t.Helper()

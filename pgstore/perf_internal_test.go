@@ -279,7 +279,7 @@ func BenchmarkBetCommit(b *testing.B) {
 				switch {
 				case err != nil:
 				case explicit:
-					pb := bb.commitBatch(!c.sync)
+					pb, _ := bb.commitBatch(!c.sync)
 					hash, _ := hex.DecodeString(at.Hash)
 					pb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN"},
 						{SQL: db.sql(explicitBetSQL), Arguments: []any{bb.runID, at.Seq, hash, bb.ses.key}}}, pb.QueuedQueries...)

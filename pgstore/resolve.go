@@ -146,7 +146,8 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 		}
 		return err
 	}
-	err := conn.SendBatch(ctx, b.commitBatch(lazy)).Close()
+	pb, cut := b.commitBatch(lazy)
+	err := sendCommit(ctx, conn, pb, cut)
 	switch {
 	case err == nil:
 		b.committed()
@@ -235,7 +236,8 @@ func (b *batch) recheck(br pgx.BatchResults) error {
 // resolveCommit finds out whether the batch whose records run from first
 // to last committed: on new connections (connect sets search_path to the
 // schema), with backoff, until CommitTimeout, it locks the run's head row
-// and reads the hashes at first.Seq and last.Seq. Both ours: committed.
+// and reads the hashes at first.Seq and last.Seq. Both ours: committed,
+// and on disk when it returns (checkCommit flushes them).
 // Neither there, or other records there: not committed, and since the
 // check waited for the head row, the lost transaction can no longer land.
 // An error means the outcome is still unknown (or the table contradicts
@@ -309,6 +311,19 @@ func checkCommit(ctx context.Context, connect func(context.Context) (*pgx.Conn, 
 	f, l := bytes.Equal(got[first.Seq], first.Hash), bytes.Equal(got[last.Seq], last.Hash)
 	if f != l || (f && headSeq < last.Seq) {
 		return false, fmt.Errorf("records %d and %d of one batch: %w", first.Seq, last.Seq, errHalf)
+	}
+	if f {
+		// Found, but maybe not yet on disk: a locked batch's records
+		// commit before their flush (commitBatch), a lazy one's without
+		// it. The head row's lock gave this transaction an xid and WAL, so
+		// its synchronous COMMIT waits for the flush up to its own commit
+		// record, past the records'.
+		if _, err := tx.Exec(ctx, syncOnSQL); err != nil {
+			return false, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return false, err
+		}
 	}
 	return f, nil
 }
