@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/runstate/runstate/pgstore/internal/dsnparam"
 )
 
 // DefaultSchema is the schema a DSN without schema=NAME uses.
@@ -182,28 +183,16 @@ func splitSchema(dsn string) (rest, schema string, err error) {
 	if !ok {
 		return dsn, "", nil
 	}
-	var keep []string
-	found := false
-	for _, kv := range strings.Split(query, "&") {
-		k, v, _ := strings.Cut(kv, "=")
-		if k, err := url.QueryUnescape(k); err == nil && k == "schema" { // pgx unescapes keys too
-			if found {
-				return "", "", errors.New("pgstore: the DSN names two schemas: give schema=NAME once")
-			}
-			found = true
-			if schema, err = url.QueryUnescape(v); err != nil {
-				return "", "", fmt.Errorf("pgstore: the DSN's schema parameter: %w", err)
-			}
-			continue
-		}
-		if kv != "" {
-			keep = append(keep, kv)
-		}
-	}
-	if len(keep) == 0 {
+	rest, schema, _, err = dsnparam.Cut(query, "schema")
+	switch {
+	case errors.Is(err, dsnparam.ErrTwice):
+		return "", "", errors.New("pgstore: the DSN names two schemas: give schema=NAME once")
+	case err != nil:
+		return "", "", fmt.Errorf("pgstore: the DSN's schema parameter: %w", err)
+	case rest == "":
 		return base, schema, nil
 	}
-	return base + "?" + strings.Join(keep, "&"), schema, nil
+	return base + "?" + rest, schema, nil
 }
 
 // checkUserinfo refuses a URL DSN whose user or password holds an '@',

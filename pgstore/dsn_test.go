@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/runstate/runstate/pgstore/internal/dsnparam"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -137,17 +138,15 @@ func TestAddressRoundTrips(t *testing.T) {
 	assert.Equal(t, db.Address("r"), back.Address("r"))
 }
 
-// cutRun removes run=NAME from an address (as the runstate command does).
+// cutRun removes run=NAME from an address as the runstate command does
+// (dsnparam.Cut).
 func cutRun(addr string) (string, string, error) {
-	u, err := url.Parse(addr)
-	if err != nil {
-		return "", "", err
+	base, query, _ := strings.Cut(addr, "?")
+	rest, run, _, err := dsnparam.Cut(query, "run")
+	if rest != "" {
+		base += "?" + rest
 	}
-	q := u.Query()
-	run := q.Get("run")
-	q.Del("run")
-	u.RawQuery = q.Encode()
-	return u.String(), run, nil
+	return base, run, err
 }
 
 func hosts(c *pgconn.Config) []string {

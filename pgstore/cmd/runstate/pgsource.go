@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
 	"github.com/runstate/runstate/pgstore"
+	"github.com/runstate/runstate/pgstore/internal/dsnparam"
 )
 
 // pgSource is one run in a pgstore schema: the reads go through pgstore's
@@ -50,33 +50,20 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 // and the run's name.
 func splitRun(addr string) (dsn, run string, err error) {
 	base, query, _ := strings.Cut(addr, "?")
-	var keep []string
-	found := false
-	for _, kv := range strings.Split(query, "&") {
-		k, v, _ := strings.Cut(kv, "=")
-		if k, err := url.QueryUnescape(k); err != nil || k != "run" { // pgx unescapes keys too
-			if kv != "" {
-				keep = append(keep, kv)
-			}
-			continue
-		}
-		if found {
-			return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", cli.Redact(addr))
-		}
-		if run, err = url.QueryUnescape(v); err != nil {
-			return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", cli.Redact(addr), err)
-		}
-		found = true
-	}
-	if !found || run == "" {
+	rest, run, _, err := dsnparam.Cut(query, "run")
+	switch {
+	case errors.Is(err, dsnparam.ErrTwice):
+		return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", cli.Redact(addr))
+	case err != nil:
+		return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", cli.Redact(addr), err)
+	case run == "":
 		example := base + "?"
-		if len(keep) > 0 {
-			example += strings.Join(keep, "&") + "&"
+		if rest != "" {
+			example += rest + "&"
 		}
 		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", cli.Redact(addr), cli.Redact(example))
-	}
-	if len(keep) > 0 {
-		base += "?" + strings.Join(keep, "&")
+	case rest != "":
+		base += "?" + rest
 	}
 	return base, run, nil
 }
