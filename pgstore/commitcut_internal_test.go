@@ -124,17 +124,25 @@ func (f *cutFixture) copies(t *testing.T, marker string) int {
 
 func TestCommitCutNeverLosesAnAcknowledgedBatchNorRecordsItTwice(t *testing.T) {
 	for _, c := range []struct {
-		cut  pgproxy.Cut
-		sync bool
+		cut   pgproxy.Cut
+		sync  bool
+		flush bool // cut the batch's flush transaction (commitBatch), after its records' COMMIT
 	}{
-		{pgproxy.BeforeCommit, true},
-		{pgproxy.AfterCommit, true},
-		{pgproxy.BeforeCommit, false},
-		{pgproxy.AfterCommit, false},
+		{pgproxy.BeforeCommit, true, false},
+		{pgproxy.AfterCommit, true, false},
+		{pgproxy.BeforeCommit, false, false},
+		{pgproxy.AfterCommit, false, false},
+		{pgproxy.BeforeCommit, true, true},
+		{pgproxy.AfterCommit, true, true},
 	} {
 		name := c.cut.String()
+		match := []string{"cut-me"}
 		if !c.sync {
 			name += " (lazy batch)"
+		}
+		if c.flush {
+			name += " of the flush"
+			match = []string{"SET pid = pid"} // flushSQL: the first flush after the rule is armed is the cut-me batch's
 		}
 		t.Run(name, func(t *testing.T) {
 			f := newCutFixture(t)
@@ -143,7 +151,7 @@ func TestCommitCutNeverLosesAnAcknowledgedBatchNorRecordsItTwice(t *testing.T) {
 			at, err := markedBatch(ctx, st, at, session, "before", 2, true)
 			require.NoError(t, err)
 
-			a := f.proxy.Arm(pgproxy.Rule{Cut: c.cut, Match: []string{"cut-me"}})
+			a := f.proxy.Arm(pgproxy.Rule{Cut: c.cut, Match: match})
 			at, err = markedBatch(ctx, st, at, session, "cut-me", 3, c.sync)
 			require.True(t, a.Wait(time.Second), "the proxy did not cut: %q", f.proxy.Log())
 			require.NoError(t, err, "the batch must be acknowledged: re-run (cut before COMMIT) or resolved as committed (after)")

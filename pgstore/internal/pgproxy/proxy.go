@@ -43,14 +43,18 @@ type Cut int
 const (
 	// BeforeCommit closes the connection instead of forwarding the COMMIT
 	// (the Query message or the Execute of a portal bound to a COMMIT
-	// statement): the server rolls the transaction back.
+	// statement): the server rolls the transaction back. The messages
+	// before it (an earlier transaction of the same pipeline) reach the
+	// server.
 	BeforeCommit Cut = iota + 1
 	// AfterCommit forwards the COMMIT and everything the client sends
 	// with it, then closes the connection when the server's
 	// CommandComplete "COMMIT" arrives (for an implicit transaction: the
 	// Sync's ReadyForQuery, unless an error came before it), before
 	// forwarding it: the transaction is committed and the client never
-	// hears so.
+	// hears so. In a pipeline that holds several transactions, the cut
+	// waits for the matching transaction's own COMMIT reply (replies are
+	// counted in order), and the replies before it reach the client.
 	AfterCommit
 	// AfterCommitSent forwards the COMMIT and closes the connection at
 	// once, without waiting for the server: whether the transaction
@@ -307,6 +311,14 @@ type conn struct {
 	portals  map[string]string // portal name -> SQL
 	tx       bytes.Buffer      // the current transaction's SQL and parameter bytes
 	pending  *Armed            // AfterCommit: cut when the COMMIT's CommandComplete arrives
+	// ends counts the COMMIT and ROLLBACK statements forwarded, answered
+	// those whose reply came back (or that a Sync's ReadyForQuery showed
+	// skipped); pendingN is the pending COMMIT's number among ends, so that
+	// the cut waits for its own reply, not an earlier transaction's in the
+	// same pipeline. syncs holds ends as of each forwarded Sync (and
+	// simple Query), answered up to which its ReadyForQuery settles.
+	ends, answered, pendingN int
+	syncs                    []int
 	// The implicit transaction: block is true from an executed BEGIN to
 	// its COMMIT or ROLLBACK; ran, an Execute outside a block since the
 	// last Sync; pendingSync, an AfterCommit on a Sync that commits one,
@@ -575,10 +587,16 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 				break
 			}
 		}
+		if executes && (isCommit(run) || isRollback(run)) {
+			c.ends++
+		}
 		if after != nil && typ == 'S' {
 			c.pendingSync = after
 		} else if after != nil {
-			c.pending = after
+			c.pending, c.pendingN = after, c.ends
+		}
+		if typ == 'S' || typ == 'Q' {
+			c.syncs = append(c.syncs, c.ends)
 		}
 		if executes && (isCommit(run) || isRollback(run)) || typ == 'S' && !c.block {
 			c.tx.Reset()
@@ -587,6 +605,7 @@ func (c *conn) fromClient(cr *bufio.Reader) {
 
 		if cutNow != nil {
 			if c.p.take(cutNow) {
+				_ = w.Flush() // what came before the message reaches the server, as it would have
 				cutNow.fire(c.id)
 				c.cut(fmt.Sprintf("rule %s %q: message %q not forwarded", cutNow.rule.Cut, cutNow.rule.Match, typ))
 				return
@@ -639,13 +658,21 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 		switch typ {
 		case 'E':
 			c.failed = true
+		case 'C':
+			if tag, _ := cstr(body); tag == "COMMIT" || tag == "ROLLBACK" {
+				c.answered++
+			}
 		case 'Z':
+			if len(c.syncs) > 0 {
+				c.answered, c.syncs = c.syncs[0], c.syncs[1:]
+			}
 			if ps := c.pendingSync; ps != nil {
 				c.pendingSync = nil
 				if c.failed {
 					rearm = ps // rolled back at the Sync: the rule did not fire
 				} else {
 					c.mu.Unlock()
+					_ = w.Flush()
 					ps.fire(c.id)
 					c.cut(fmt.Sprintf("rule %s %q: ReadyForQuery of the implicit transaction's Sync not forwarded", ps.rule.Cut, ps.rule.Match))
 					return
@@ -657,10 +684,23 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 		if pending != nil {
 			switch typ {
 			case 'C':
-				if tag, _ := cstr(body); tag != "COMMIT" {
+				switch tag, _ := cstr(body); {
+				case c.answered != c.pendingN || tag != "COMMIT" && tag != "ROLLBACK":
+					pending = nil // another statement's reply, or an earlier transaction's end
+				case tag == "ROLLBACK":
+					// The transaction was rolled back at its COMMIT (it
+					// had failed): the rule did not fire; put it back.
+					c.pending = nil
+					c.mu.Unlock()
+					c.p.rearm(pending)
+					c.mu.Lock()
 					pending = nil
 				}
 			case 'Z':
+				if c.answered < c.pendingN {
+					pending = nil // an earlier Sync's: the COMMIT is in a later one
+					break
+				}
 				// The COMMIT never ran (an error before it): the rule
 				// did not fire; put it back.
 				c.pending = nil
@@ -677,6 +717,7 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 			c.p.rearm(rearm)
 		}
 		if pending != nil {
+			_ = w.Flush() // the replies before the COMMIT's reach the client, as they would have
 			pending.fire(c.id)
 			c.cut(fmt.Sprintf("rule %s %q: CommandComplete COMMIT not forwarded", pending.rule.Cut, pending.rule.Match))
 			return

@@ -167,6 +167,49 @@ func TestCutAroundCommit(t *testing.T) {
 	}
 }
 
+// Two transactions in one pipeline (a pgx.Batch: BEGIN … COMMIT twice,
+// one Sync), the rule matching the second: AfterCommit cuts at the second
+// COMMIT's reply, not the first's, which reaches the client; BeforeCommit
+// lets the first COMMIT through and keeps the second from the server.
+func TestCutTheSecondTransactionOfAPipeline(t *testing.T) {
+	for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit} {
+		t.Run(cut.String(), func(t *testing.T) {
+			p, direct, proxied, table := fixture(t)
+			ctx := context.Background()
+			c, err := pgx.Connect(ctx, proxied)
+			require.NoError(t, err)
+			defer c.Close(ctx)
+			q := "INSERT INTO " + table + " (k, v) VALUES ($1, $2)"
+			a := p.Arm(pgproxy.Rule{Cut: cut, Match: []string{"marker-43"}})
+			b := new(pgx.Batch)
+			b.Queue("BEGIN")
+			b.Queue(q, "first", []byte("no mark"))
+			b.Queue("COMMIT")
+			b.Queue("BEGIN")
+			b.Queue(q, "second", []byte("payload marker-43"))
+			b.Queue("COMMIT")
+			br := c.SendBatch(ctx, b)
+			failed := -1
+			for i := range b.Len() {
+				if _, err := br.Exec(); err != nil {
+					failed = i
+					break
+				}
+			}
+			_ = br.Close()
+			assert.True(t, a.Wait(time.Second), "the rule did not fire")
+			assert.Equal(t, 1, count(t, direct, table, "first"))
+			if cut == pgproxy.AfterCommit {
+				assert.Equal(t, 5, failed, "the client hears every reply but the second COMMIT's; proxy log %q", p.Log())
+				assert.Equal(t, 1, count(t, direct, table, "second"), "the second transaction committed")
+			} else {
+				assert.Equal(t, 0, count(t, direct, table, "second"), "the second transaction did not commit")
+				assert.GreaterOrEqual(t, failed, 0, "the client sees the cut")
+			}
+		})
+	}
+}
+
 // An implicit transaction that the server rolled back at its Sync (a
 // statement failed) is no commit: an AfterCommit rule does not fire on it
 // and stays armed, and fires on the next one that commits; an implicit
