@@ -10,6 +10,10 @@
 //	// run is a *runstate.Run: Plan, Do, Begin, Effect, Approve ... as on a directory.
 //	st, err := db.Inspect(ctx, "billing-2026-11-29") // read-only, no session, no lock
 //
+// examples/fleet is a runnable program of three machines (processes, each
+// with its working directory) sharing one run, one of them killed in the
+// middle of a stage: cd pgstore && ./testdb.sh go run ./examples/fleet.
+//
 // # Records
 //
 // A record is stored as its exact ledger line (bytea) with its sha256, in
