@@ -386,9 +386,14 @@ func TestOpenOtherRevisionIsRecorded(t *testing.T) {
 	assert.Equal(t, "bbb", d.Revision)
 	assert.Equal(t, map[string]string{"env": "prod"}, d.Environment)
 
-	// A nil Environment equals an empty one: still the same run.
+	// A nil Environment equals an empty one: still the same run. A
+	// session that names neither leaves the run's as they were.
 	r = openRun(t, dir, &runstate.Options{Request: testRequest, NoSync: true})
 	require.NoError(t, r.Close())
+	st, err = runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Equal(t, "bbb", st.Revision)
+	assert.Equal(t, map[string]string{"env": "prod"}, st.Environment)
 }
 
 func TestOpenDoesNotWriteIntoOptions(t *testing.T) {

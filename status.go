@@ -16,9 +16,14 @@ type Status struct {
 	// it, unquoted: the run directory's absolute path, or the store's
 	// Addresser.Address; "" for a store that no runstate command reads
 	// (its Actions name Run methods instead).
-	Address     string            `json:"address,omitempty"`
-	ID          string            `json:"id"`
-	Request     string            `json:"request"`
+	Address string `json:"address,omitempty"`
+	ID      string `json:"id"`
+	Request string `json:"request"` // the run's identity (Options.Request), from its create record
+	// Revision and Environment are each the last one a session named
+	// when it opened the run (Options.Revision, Options.Environment; the
+	// creator's until another names one): on a run that sessions on
+	// several machines share, the newest session's, not the creator's.
+	// The ledger's open records keep each session's.
 	Revision    string            `json:"revision,omitempty"`
 	Environment map[string]string `json:"environment,omitempty"`
 	Format      int               `json:"format"`
