@@ -126,7 +126,7 @@ func work(ctx context.Context, dsn, name, dir, machine string, doomed bool, firs
 					<-ctx.Done() // until killed
 					return ctx.Err()
 				}
-				time.Sleep(100 * time.Millisecond) // the work of a stage, long enough for the others to see it busy
+				time.Sleep(200 * time.Millisecond) // the work of a stage: long enough for the others to see it busy, and to start before one machine took every shard
 				n := len(strings.Fields(lines[i]))
 				fmt.Fprintf(out, "%s: %d words\n", shard, n)
 				return st.WriteFile("shards/"+shard+".txt", fmt.Appendf(nil, "%d words, counted on %s\n", n, machine))
