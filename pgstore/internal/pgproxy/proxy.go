@@ -684,16 +684,10 @@ func (c *conn) fromServer(sr *bufio.Reader) {
 		if pending != nil {
 			switch typ {
 			case 'C':
-				switch tag, _ := cstr(body); {
-				case c.answered != c.pendingN || tag != "COMMIT" && tag != "ROLLBACK":
-					pending = nil // another statement's reply, or an earlier transaction's end
-				case tag == "ROLLBACK":
-					// The transaction was rolled back at its COMMIT (it
-					// had failed): the rule did not fire; put it back.
-					c.pending = nil
-					c.mu.Unlock()
-					c.p.rearm(pending)
-					c.mu.Lock()
+				// Another statement's reply, an earlier transaction's end,
+				// or this one rolled back at its COMMIT (it had failed: the
+				// rule is put back at the Sync's ReadyForQuery).
+				if tag, _ := cstr(body); c.answered != c.pendingN || tag != "COMMIT" {
 					pending = nil
 				}
 			case 'Z':
