@@ -8,6 +8,7 @@ package pgstore
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"testing"
 	"time"
 
@@ -87,6 +88,31 @@ func TestSyncSettlesAFailedFlush(t *testing.T) {
 	require.Len(t, lines, 3, "each record once")
 	assert.Contains(t, string(lines[0]), "failed-flush 0")
 	assert.Contains(t, string(lines[2]), "next 0")
+}
+
+// A failed flush settles to on disk: when Sync returns nil after the
+// flush's transaction failed, the records are flushed (by the settle's
+// synchronous COMMIT), not merely committed. The server's WAL writer is
+// slowed, as below, so that nothing else flushes them meanwhile; the
+// check fails only when they are not on disk.
+func TestSyncAfterAFailedFlushReturnsOnlyOnDisk(t *testing.T) {
+	old := flushSQL
+	flushSQL = `SELECT 1 / 0 WHERE $1::uuid IS NOT NULL`
+	defer func() { flushSQL = old }()
+	srv := startServerWith(t, nil, nil, []string{"wal_writer_delay=10000"})
+	ctx := context.Background()
+	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=flush")
+	require.NoError(t, err)
+	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
+	st, session, at := openSession(t, db, "r")
+	for i := range 3 {
+		at, err = markedBatch(ctx, st, at, session, fmt.Sprintf("failed-flush-%d", i), 2, true)
+		require.NoError(t, err)
+		var insert, flush int64
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, (pg_current_wal_flush_lsn() - '0/0')::bigint`).Scan(&insert, &flush))
+		assert.GreaterOrEqual(t, flush, insert, "batch %d: Sync returned before its records were on disk", i)
+	}
+	assert.Len(t, readAll(t, db.Store("r")), int(at.Seq), "each record once")
 }
 
 // resolveCommit's "committed" is durable: records it finds in the table
