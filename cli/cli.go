@@ -7,9 +7,10 @@
 // the run directory: Run takes, in Options.Sources, an Opener per URL
 // scheme, and the read and operator commands then take such an address
 // wherever they take DIR (github.com/runstate/runstate/pgstore/cmd/runstate
-// adds postgres://). The library's own command (cmd/runstate) is Run with
-// no Options. The pipeline commands, repair and ls work on run directories
-// only.
+// adds postgres://), and ls, given a Lister per scheme in Options.Lists,
+// lists the runs a store at such an address holds. The library's own
+// command (cmd/runstate) is Run with no Options. The pipeline commands and
+// repair work on run directories only.
 package cli
 
 import (
@@ -37,6 +38,7 @@ type cli struct {
 	out     io.Writer
 	err     io.Writer
 	sources map[string]Opener
+	lists   map[string]Lister
 	// addresses: Options.Usage.
 	addresses string
 }
@@ -100,6 +102,10 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 		for k, v := range o.Sources {
 			c.sources[strings.ToLower(k)] = v
 		}
+		c.lists = map[string]Lister{}
+		for k, v := range o.Lists {
+			c.lists[strings.ToLower(k)] = v
+		}
 	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, c.usage())
@@ -151,8 +157,12 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 		if p == "" {
 			return c.usageError(cmd.name, "empty argument")
 		}
-		if cmd.dirOnly && (i == 0 || cmd.name == "ls") && c.isAddress(p) {
-			return c.usageError(cmd.name, fmt.Sprintf("%s is an address, not a run directory: %s works on run directories only", Redact(p), cmd.name))
+		if cmd.dirOnly && (i == 0 || cmd.name == "ls") && c.isAddress(p) && (cmd.name != "ls" || c.lister(p) == nil) {
+			msg := fmt.Sprintf("%s is an address, not a run directory: %s works on run directories only", Redact(p), cmd.name)
+			if s, _ := scheme(p); cmd.name == "ls" && (s == "postgres" || s == "postgresql") {
+				msg += " in this command; the one that lists a database's runs is built with: " + pgCommand
+			}
+			return c.usageError(cmd.name, msg)
 		}
 		if to, ok := workDirOf(p); ok && cmd.dirOnly && i == 0 && cmd.name != "ls" {
 			// It would make a second run, in files, beside the one its

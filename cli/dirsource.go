@@ -26,6 +26,15 @@ func (d *dirSource) Close() error   { return nil }
 
 func (d *dirSource) ledgerPath() string { return filepath.Join(d.dir, "logs", "ledger.jsonl") }
 
+// LastRecord is the ledger file's modification time: its last append's.
+func (d *dirSource) LastRecord(context.Context, int64) (time.Time, error) {
+	fi, err := os.Stat(d.ledgerPath())
+	if err != nil {
+		return time.Time{}, err
+	}
+	return fi.ModTime(), nil
+}
+
 func (d *dirSource) Inspect(context.Context) (*runstate.Status, error) {
 	return runstate.Inspect(d.dir)
 }

@@ -25,6 +25,11 @@ ROOT (default: the current directory) and prints one line for each: the
 directory, its request, progress (done/planned stages), its state, the
 first thing that blocks it, and the age of its last ledger record.
 
+A ROOT may also be the address of a store that holds runs, where the
+command reads one (the runstate command built with pgstore: a database,
+postgres://USER@HOST:PORT/DB[?schema=S]); ls then lists every run there
+(or, with run=NAME, that one), each under its address.
+
 The states, in the order ls sorts them:
 
   blocked   a person must act: a stage awaits approval or failed fatally,
@@ -41,7 +46,7 @@ directory, not through symbolic links, and not into .git or node_modules;
 it gives up (and says so) after visiting 100,000 directories. Like status it
 takes no lock and writes nothing.
 
-With -json it prints a JSON array of {"dir", "id", "request", "done",
+With -json it prints a JSON array of {"dir" (or the address), "id", "request", "done",
 "planned", "state", "blocker" (a runstate.Blocker, or absent), "last_record"
 (RFC 3339), "age_seconds", "seq", "error"}.
 
@@ -112,17 +117,34 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 			walk(filepath.Join(dir, e.Name()), level+1)
 		}
 	}
+	ctx := context.Background()
+	now := time.Now()
+	var runs []lsRun
 	for _, root := range roots {
+		if list := c.lister(root); list != nil {
+			srcs, closeAll, err := list(ctx, root)
+			if err != nil {
+				fmt.Fprintf(c.err, "runstate ls: %v\n", err)
+				unreadable = true
+				continue
+			}
+			for _, src := range srcs {
+				runs = append(runs, lsOne(ctx, src, now))
+			}
+			closeAll()
+			continue
+		}
 		walk(filepath.Clean(root), 0)
 	}
 	if visited >= lsMaxDirs {
 		fmt.Fprintf(c.err, "runstate ls: stopped after %d directories; give narrower roots or a smaller -depth\n", lsMaxDirs)
 	}
 
-	now := time.Now()
-	runs := make([]lsRun, 0, len(dirs))
 	for _, d := range dirs {
-		runs = append(runs, lsOne(d, now))
+		runs = append(runs, lsOne(ctx, &dirSource{dir: d}, now))
+	}
+	if runs == nil {
+		runs = []lsRun{} // -json: [], not null
 	}
 	sort.SliceStable(runs, func(i, j int) bool {
 		a, b := runs[i], runs[j]
@@ -178,14 +200,30 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 	return code
 }
 
-// lsOne reads the run in dir for ls.
-func lsOne(dir string, now time.Time) lsRun {
-	r := lsRun{Dir: dir}
-	if fi, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil {
-		r.LastRecord = fi.ModTime().UTC()
-		r.Age = now.Sub(fi.ModTime()).Seconds()
+// lister returns the Lister of arg's scheme when arg is an address that
+// one lists (ls ADDRESS), or nil.
+func (c *cli) lister(arg string) Lister {
+	s, ok := scheme(arg)
+	if !ok || !c.isAddress(arg) {
+		return nil
 	}
-	st, err := runstate.Inspect(dir)
+	return c.lists[s]
+}
+
+// lsOne reads the run src for ls.
+func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
+	r := lsRun{Dir: src.Name()}
+	st, err := src.Inspect(ctx)
+	if lr, ok := src.(lastRecorder); ok {
+		var seq int64
+		if err == nil {
+			seq = st.Seq
+		}
+		if at, err := lr.LastRecord(ctx, seq); err == nil && !at.IsZero() {
+			r.LastRecord = at.UTC()
+			r.Age = now.Sub(at).Seconds()
+		}
+	}
 	if err != nil {
 		r.State, r.Error = "error", err.Error()
 		return r
@@ -200,7 +238,7 @@ func lsOne(dir string, now time.Time) lsRun {
 			}
 		}
 	}
-	alive := sessionsAlive(context.Background(), &dirSource{dir: dir}, st)
+	alive := sessionsAlive(ctx, src, st)
 	first := func(kinds ...string) *runstate.Blocker {
 		for _, b := range st.Blockers {
 			for _, k := range kinds {

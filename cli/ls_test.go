@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -77,4 +80,44 @@ func TestLs(t *testing.T) {
 	r = runCLI(t, "ls", "-depth", "1", root)
 	assert.Equal(t, exitOK, r.code, r.err)
 	assert.Equal(t, 1, strings.Count(r.out, "\n"), "no run within one level: %s", r.out)
+}
+
+// ls takes an address a Lister was registered for: its runs are listed
+// among the directories' under their names, sorted with them, and
+// released after; a Lister's error is a message and exit status 1 (3
+// still wins when a run is blocked).
+func TestLsListsTheRunsOfARegisteredStore(t *testing.T) {
+	awaiting := awaitingRun(t) // blocked
+	finished := filepath.Join(t.TempDir(), "fin")
+	r := runCLI(t, "plan", finished, "-request", "a finished run", "x")
+	require.Equal(t, 0, r.code, r.err)
+	require.Equal(t, 0, runCLI(t, "skip", finished, "x", "-reason", "nothing to do").code)
+	closed := 0
+	o := &Options{Lists: map[string]Lister{"Mem": func(_ context.Context, addr string) ([]Source, func(), error) {
+		if addr != "mem://db" {
+			return nil, nil, fmt.Errorf("mem: no store at %s: give mem://db", addr)
+		}
+		return []Source{&renamedDir{dirSource: dirSource{dir: awaiting}, name: "mem://db?run=billing"}}, func() { closed++ }, nil
+	}}}
+	run := func(args ...string) result {
+		var out, errb bytes.Buffer
+		code := Run(args, &out, &errb, o)
+		return result{out.String(), errb.String(), code}
+	}
+	res := run("ls", "-json", "mem://db", filepath.Dir(finished))
+	assert.Equal(t, exitBlocked, res.code, res.err)
+	var runs []lsRun
+	require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
+	require.Len(t, runs, 2, res.out)
+	assert.Equal(t, "mem://db?run=billing", runs[0].Dir)
+	assert.Equal(t, "blocked", runs[0].State)
+	assert.False(t, runs[0].LastRecord.IsZero(), "the Source's LastRecord")
+	assert.Equal(t, finished, runs[1].Dir)
+	assert.Equal(t, "finished", runs[1].State)
+	assert.Equal(t, 1, closed, "the Lister's runs released once")
+
+	res = run("ls", "mem://elsewhere", filepath.Dir(finished))
+	assert.Equal(t, exitFail, res.code)
+	assert.Contains(t, res.err, "runstate ls: mem: no store at mem://elsewhere: give mem://db")
+	assert.Contains(t, res.out, finished, "the other roots are still listed")
 }

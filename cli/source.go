@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/runstate/runstate"
 )
@@ -75,12 +76,32 @@ type Source interface {
 // to do; a run that does not exist is reported by the Source's methods.
 type Opener func(ctx context.Context, addr string) (Source, error)
 
+// Lister lists the runs a store holds, for ls: addr is an address whose
+// scheme the Lister was registered for in Options.Lists, naming the store
+// (for PostgreSQL a database and schema, without run=NAME) or one run in
+// it. It returns a Source for each run, in any order, that the caller
+// reads and does not Close; closeAll releases them all (one connection
+// pool for all, say). It fails when the address is malformed or the store
+// cannot be reached, with an error that says what to do.
+type Lister func(ctx context.Context, addr string) (runs []Source, closeAll func(), err error)
+
+// lastRecorder is a Source that tells when its last record was written
+// without reading the whole ledger (ls's LAST RECORD): seq is the last
+// record's as Inspect found it, 0 when Inspect failed. A Source that is
+// not one shows none.
+type lastRecorder interface {
+	LastRecord(ctx context.Context, seq int64) (time.Time, error)
+}
+
 // Options configure Run. The zero value (or nil) reads run directories only.
 type Options struct {
 	// Sources maps a URL scheme ("postgres") to the Opener of its
 	// addresses. An argument with another scheme that is not an existing
 	// directory is refused; every other argument is a run directory.
 	Sources map[string]Opener
+	// Lists maps a URL scheme to the Lister that ls uses for its
+	// addresses. Without one, ls refuses the scheme's addresses.
+	Lists map[string]Lister
 	// Usage is a paragraph for 'runstate help' saying which addresses
 	// Sources take, e.g. "DIR may also be postgres://...?run=NAME".
 	Usage string

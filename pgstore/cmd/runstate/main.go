@@ -16,8 +16,14 @@
 // polls the run's records every 100 ms. export writes the records' lines,
 // byte for byte: a valid logs/ledger.jsonl. The operator commands open a
 // short session with a temporary local working directory, removed after.
-// The pipeline commands (exec, effect, plan, skip, await), repair and ls
-// work on run directories only.
+// ls also takes a database's address without run=NAME,
+//
+//	postgres://USER@HOST:PORT/DATABASE[?schema=SCHEMA]
+//
+// and lists every run of the schema, each under its address, as it lists
+// the run directories under a root (with run=NAME: that run alone). The
+// pipeline commands (exec, effect, plan, skip, await) and repair work on
+// run directories only.
 //
 // Build it from a checkout of the repository:
 //
@@ -36,7 +42,9 @@ func main() { cli.Main(options()) }
 func options() *cli.Options {
 	return &cli.Options{
 		Sources: map[string]cli.Opener{"postgres": openPG, "postgresql": openPG},
+		Lists:   map[string]cli.Lister{"postgres": listPG, "postgresql": listPG},
 		Usage: `DIR may also be a run in PostgreSQL: postgres://USER@HOST:PORT/DB?run=NAME[&schema=S]
-(status, log, verify, next, metrics, export, approve, invalidate, resolve).`,
+(status, log, verify, next, metrics, export, approve, invalidate, resolve);
+ls also takes a database, postgres://USER@HOST:PORT/DB[?schema=S]: its runs.`,
 	}
 }

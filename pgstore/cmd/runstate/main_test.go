@@ -486,3 +486,92 @@ func TestVerifyBlobsRehashesTheStoredOutputs(t *testing.T) {
 	assert.Contains(t, res.out, "output artifacts/plan.md of stage plan (record ")
 	assert.Contains(t, res.out, "the bytes in its outputs row are not the ones its sha256 and size name")
 }
+
+// TestLsListsTheRunsOfADatabase: ls on a database's address lists its
+// runs as ls on a root lists run directories, with the same -json shape
+// and the same figures for the same calls (each run under its address),
+// what needs a person first, exit status 3 when a run is blocked; with
+// run=NAME that run alone; a run that is not there a line of its own
+// naming the runs that are (exit 1); a schema that is not there an error
+// naming it.
+func TestLsListsTheRunsOfADatabase(t *testing.T) {
+	p := newPair(t) // billing: blocked (a review, an effect unconfirmed)
+	ctx := context.Background()
+	finished := func(r *runstate.Run, err error) {
+		t.Helper()
+		require.NoError(t, err)
+		require.NoError(t, r.Plan(ctx, "read"))
+		require.NoError(t, r.Do(ctx, "read", func(context.Context, *runstate.Stage) error { return nil }))
+		require.NoError(t, r.Close())
+	}
+	o := runstate.Options{Request: "summarize the logs"}
+	finished(runstate.Open(filepath.Join(filepath.Dir(p.dir), "logs"), &o))
+	o = runstate.Options{Request: "summarize the logs"}
+	finished(p.db.Open(ctx, "logs", t.TempDir(), &o))
+
+	var lastAt = map[string]time.Time{}
+	for _, name := range []string{"billing", "logs"} {
+		require.NoError(t, p.db.ReadLedger(ctx, name, func(r *runstate.Record) error {
+			lastAt[name] = r.At
+			return nil
+		}))
+	}
+
+	ls := func(args ...string) (result, []map[string]any) {
+		t.Helper()
+		r := runIn(append([]string{"ls", "-json"}, args...)...)
+		var v []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.out), &v), "%s\n%s", r.out, r.err)
+		return r, v
+	}
+	dirs, dirRuns := ls(filepath.Dir(p.dir))
+	pg, pgRuns := ls(p.dsn)
+	assert.Equal(t, 3, dirs.code, dirs.err)
+	assert.Equal(t, 3, pg.code, pg.err)
+	require.Len(t, pgRuns, 2, pg.out)
+	require.Len(t, dirRuns, 2, dirs.out)
+	for i, name := range []string{"billing", "logs"} { // blocked first
+		assert.Equal(t, p.db.Address(name), pgRuns[i]["dir"])
+		lastRecord, _ := pgRuns[i]["last_record"].(string)
+		at, err := time.Parse(time.RFC3339Nano, lastRecord)
+		require.NoError(t, err)
+		assert.True(t, at.Equal(lastAt[name]), "%s: last_record %v, the last record's time %v", name, at, lastAt[name])
+		assert.GreaterOrEqual(t, pgRuns[i]["age_seconds"].(float64), 0.0)
+		if b, ok := dirRuns[i]["blocker"].(map[string]any); ok { // the action names the run's address
+			b["action"] = strings.Replace(b["action"].(string), dirRuns[i]["dir"].(string), "'"+p.db.Address(name)+"'", 1)
+		}
+		for _, k := range []string{"dir", "id", "last_record", "age_seconds"} {
+			delete(pgRuns[i], k)
+			delete(dirRuns[i], k)
+		}
+		assert.Equal(t, dirRuns[i], pgRuns[i], name)
+	}
+	assert.Equal(t, "blocked", pgRuns[0]["state"])
+	assert.Equal(t, "finished", pgRuns[1]["state"])
+
+	text := runIn("ls", p.dsn)
+	assert.Equal(t, 3, text.code, text.err)
+	lines := strings.Split(strings.TrimSpace(text.out), "\n")
+	require.Len(t, lines, 3, text.out)
+	assert.Regexp(t, `^DIR\s+REQUEST`, lines[0])
+	assert.Regexp(t, `^`+regexp.QuoteMeta(p.db.Address("billing"))+`\s+add tests for the billing parser\s+2/4\s+blocked\s+`, lines[1])
+	assert.Regexp(t, `^`+regexp.QuoteMeta(p.db.Address("logs"))+`\s+summarize the logs\s+1/1\s+finished\s+-\s+\d+s ago$`, lines[2])
+
+	one, oneRuns := ls(address(p.dsn, "logs"))
+	assert.Equal(t, 0, one.code, one.err)
+	require.Len(t, oneRuns, 1)
+	assert.Equal(t, "finished", oneRuns[0]["state"])
+
+	gone, goneRuns := ls(address(p.dsn, "nope"))
+	assert.Equal(t, 1, gone.code, gone.err)
+	require.Len(t, goneRuns, 1)
+	assert.Equal(t, "error", goneRuns[0]["state"])
+	assert.Contains(t, goneRuns[0]["error"], "billing, logs")
+
+	empty := testDSN(t) // a schema never made
+	r := runIn("ls", empty)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.err, "schema")
+	assert.Contains(t, r.err, strings.TrimPrefix(empty[strings.Index(empty, "schema="):], "schema="))
+	assert.Equal(t, "DIR  REQUEST  DONE  STATE  FIRST BLOCKER  LAST RECORD\n", r.out)
+}

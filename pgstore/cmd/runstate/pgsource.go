@@ -45,6 +45,60 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	return &pgSource{addr: cli.Redact(addr), run: run, db: db}, nil
 }
 
+// listPG lists, for ls, the runs of the database and schema addr names,
+// or the one run it names with run=NAME: one read-only connection pool
+// for them all, closed by the returned function. Each run's Source is
+// named by its address (DB.Address), which the other commands take.
+func listPG(ctx context.Context, addr string) ([]cli.Source, func(), error) {
+	base, query, _ := strings.Cut(addr, "?")
+	rest, run, _, err := dsnparam.Cut(query, "run")
+	if err != nil {
+		_, _, err = splitRun(addr) // its message for a run parameter that is wrong
+		return nil, nil, err
+	}
+	dsn := base
+	if rest != "" {
+		dsn += "?" + rest
+	}
+	db, err := pgstore.ConnectReadOnly(ctx, dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+	}
+	names := []string{run}
+	if run == "" {
+		if names, err = db.Runs(ctx); err != nil {
+			db.Close()
+			return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+		}
+	}
+	srcs := make([]cli.Source, len(names))
+	for i, name := range names {
+		srcs[i] = &pgSource{addr: db.Address(name), run: name, db: db}
+	}
+	return srcs, db.Close, nil
+}
+
+// LastRecord is the time of record seq, the run's last (ls): one line
+// read.
+func (s *pgSource) LastRecord(ctx context.Context, seq int64) (time.Time, error) {
+	if seq <= 0 {
+		return time.Time{}, nil
+	}
+	var at time.Time
+	_, err := s.db.Store(s.run).Read(ctx, runstate.Position{Seq: seq - 1}, func(line []byte) error {
+		rec, _, err := runstate.DecodeLine(line)
+		if err != nil {
+			return err
+		}
+		at = rec.At
+		return errStop
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return time.Time{}, err
+	}
+	return at, nil
+}
+
 // splitRun removes the run parameter from a postgres:// address and
 // returns the DSN left (schema, if any, stays: pgstore.Connect takes it)
 // and the run's name.
