@@ -557,6 +557,22 @@ func TestLsListsTheRunsOfADatabase(t *testing.T) {
 	assert.Regexp(t, `^`+regexp.QuoteMeta(p.db.Address("billing"))+`\s+add tests for the billing parser\s+2/4\s+blocked\s+`, lines[1])
 	assert.Regexp(t, `^`+regexp.QuoteMeta(p.db.Address("logs"))+`\s+summarize the logs\s+1/1\s+finished\s+-\s+\d+s ago$`, lines[2])
 
+	// A live session's stage: running, found by the session's lock, on the
+	// connection the listed runs share.
+	o = runstate.Options{Request: "a stage in progress"}
+	live, err := p.db.Open(ctx, "live", t.TempDir(), &o)
+	require.NoError(t, err)
+	_, err = live.Begin(ctx, "crawl")
+	require.NoError(t, err)
+	_, liveRuns := ls(p.dsn)
+	require.Len(t, liveRuns, 3)
+	assert.Equal(t, p.db.Address("live"), liveRuns[1]["dir"], "blocked, then running, then finished")
+	assert.Equal(t, "running", liveRuns[1]["state"])
+	require.NoError(t, live.Close())
+	_, liveRuns = ls(address(p.dsn, "live"))
+	require.Len(t, liveRuns, 1)
+	assert.Equal(t, "stopped", liveRuns[0]["state"], "its session closed: the stage was interrupted")
+
 	one, oneRuns := ls(address(p.dsn, "logs"))
 	assert.Equal(t, 0, one.code, one.err)
 	require.Len(t, oneRuns, 1)
@@ -566,7 +582,7 @@ func TestLsListsTheRunsOfADatabase(t *testing.T) {
 	assert.Equal(t, 1, gone.code, gone.err)
 	require.Len(t, goneRuns, 1)
 	assert.Equal(t, "error", goneRuns[0]["state"])
-	assert.Contains(t, goneRuns[0]["error"], "billing, logs")
+	assert.Contains(t, goneRuns[0]["error"], "billing, live, logs")
 
 	empty := testDSN(t) // a schema never made
 	r := runIn("ls", empty)
