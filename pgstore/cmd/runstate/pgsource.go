@@ -50,15 +50,9 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 // for them all, closed by the returned function. Each run's Source is
 // named by its address (DB.Address), which the other commands take.
 func listPG(ctx context.Context, addr string) ([]cli.Source, func(), error) {
-	base, query, _ := strings.Cut(addr, "?")
-	rest, run, _, err := dsnparam.Cut(query, "run")
+	dsn, run, err := cutRun(addr)
 	if err != nil {
-		_, _, err = splitRun(addr) // its message for a run parameter that is wrong
 		return nil, nil, err
-	}
-	dsn := base
-	if rest != "" {
-		dsn += "?" + rest
 	}
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	if err != nil {
@@ -101,8 +95,23 @@ func (s *pgSource) LastRecord(ctx context.Context, seq int64) (time.Time, error)
 
 // splitRun removes the run parameter from a postgres:// address and
 // returns the DSN left (schema, if any, stays: pgstore.Connect takes it)
-// and the run's name.
+// and the run's name; an address that names no run is an error saying
+// how to name one.
 func splitRun(addr string) (dsn, run string, err error) {
+	dsn, run, err = cutRun(addr)
+	if err == nil && run == "" {
+		example := dsn + "?"
+		if strings.Contains(dsn, "?") {
+			example = dsn + "&"
+		}
+		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", cli.Redact(addr), cli.Redact(example))
+	}
+	return dsn, run, err
+}
+
+// cutRun is splitRun for an address that may name no run (ls lists a
+// database's runs): run is then "".
+func cutRun(addr string) (dsn, run string, err error) {
 	base, query, _ := strings.Cut(addr, "?")
 	rest, run, _, err := dsnparam.Cut(query, "run")
 	switch {
@@ -110,12 +119,6 @@ func splitRun(addr string) (dsn, run string, err error) {
 		return "", "", fmt.Errorf("runstate: %s names two runs: give run=NAME once", cli.Redact(addr))
 	case err != nil:
 		return "", "", fmt.Errorf("runstate: %s: the run parameter: %w", cli.Redact(addr), err)
-	case run == "":
-		example := base + "?"
-		if rest != "" {
-			example += rest + "&"
-		}
-		return "", "", fmt.Errorf("runstate: %s names no run: add ?run=NAME, the name the agents open (e.g. %srun=billing-2026-11-29)", cli.Redact(addr), cli.Redact(example))
 	case rest != "":
 		base += "?" + rest
 	}
