@@ -73,9 +73,7 @@ func TestSyncReleasesTheHeadRowBeforeItsFlush(t *testing.T) {
 // settled as one whose reply was lost, which finds the records (and
 // flushes them), so Sync returns nil and they are there once.
 func TestSyncSettlesAFailedFlush(t *testing.T) {
-	old := flushSQL
-	flushSQL = `SELECT 1 / 0 WHERE $1::uuid IS NOT NULL`
-	defer func() { flushSQL = old }()
+	defer failFlush()()
 	db := newTestDB(t)
 	ctx := context.Background()
 	st, session, at := openSession(t, db, "r")
@@ -92,24 +90,19 @@ func TestSyncSettlesAFailedFlush(t *testing.T) {
 
 // A failed flush settles to on disk: when Sync returns nil after the
 // flush's transaction failed, the records are flushed (by the settle's
-// synchronous COMMIT), not merely committed. The server's WAL writer is
-// slowed, as below, so that nothing else flushes them meanwhile; the
+// synchronous COMMIT), not merely committed. The server holds lazy WAL
+// back (holdWALDB), so that nothing else flushes them meanwhile; the
 // check fails only when they are not on disk.
 func TestSyncAfterAFailedFlushReturnsOnlyOnDisk(t *testing.T) {
-	old := flushSQL
-	flushSQL = `SELECT 1 / 0 WHERE $1::uuid IS NOT NULL`
-	defer func() { flushSQL = old }()
-	srv := startServerWith(t, nil, nil, []string{"wal_writer_delay=10000"})
+	defer failFlush()()
+	db := holdWALDB(t)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=flush")
-	require.NoError(t, err)
-	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
 	st, session, at := openSession(t, db, "r")
 	for i := range 3 {
+		var err error
 		at, err = markedBatch(ctx, st, at, session, fmt.Sprintf("failed-flush-%d", i), 2, true)
 		require.NoError(t, err)
-		var insert, flush int64
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, (pg_current_wal_flush_lsn() - '0/0')::bigint`).Scan(&insert, &flush))
+		insert, flush := walLSN(t, db)
 		assert.GreaterOrEqual(t, flush, insert, "batch %d: Sync returned before its records were on disk", i)
 	}
 	assert.Len(t, readAll(t, db.Store("r")), int(at.Seq), "each record once")
@@ -117,23 +110,15 @@ func TestSyncAfterAFailedFlushReturnsOnlyOnDisk(t *testing.T) {
 
 // resolveCommit's "committed" is durable: records it finds in the table
 // (a lazy batch's here, as a locked batch's are between their COMMIT and
-// their flush) are flushed before it returns. The server's WAL writer is
-// slowed (wal_writer_delay 10 s) so that nothing else flushes them
-// meanwhile.
+// their flush) are flushed before it returns. The server holds lazy WAL
+// back (holdWALDB), so that nothing else flushes them meanwhile.
 func TestResolvedCommitIsFlushed(t *testing.T) {
-	srv := startServerWith(t, nil, nil, []string{"wal_writer_delay=10000"})
+	db := holdWALDB(t)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=flush")
-	require.NoError(t, err)
-	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
 	st, session, at := openSession(t, db, "r")
 	at = appendLines(t, st, at, session, 1, true)
 
-	lsn := func() (insert, flush int64) {
-		t.Helper()
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, (pg_current_wal_flush_lsn() - '0/0')::bigint`).Scan(&insert, &flush))
-		return insert, flush
-	}
+	lsn := func() (insert, flush int64) { t.Helper(); return walLSN(t, db) }
 	// The premise: the lazy batch is not on disk yet. Something else may
 	// flush it first (the WAL writer 10 s after its last flush, on a very
 	// slow machine; a synchronous commit of the session's projections):
@@ -174,4 +159,32 @@ func openSession(t *testing.T, db *DB, run string) (runstate.Store, string, runs
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close(true) })
 	return st, session, at
+}
+
+// failFlush makes every flush transaction fail (its statement divides by
+// zero), after a locked batch's records committed; the returned function
+// puts flushSQL back.
+func failFlush() (restore func()) {
+	old := flushSQL
+	flushSQL = `SELECT 1 / 0 WHERE $1::uuid IS NOT NULL`
+	return func() { flushSQL = old }
+}
+
+// holdWALDB connects to a server of the test's own that holds lazy
+// commits' WAL back (holdWAL), so that nothing but a synchronous commit
+// flushes records meanwhile.
+func holdWALDB(t *testing.T) *DB {
+	t.Helper()
+	srv := startServerWith(t, nil, nil, holdWAL)
+	db, err := Connect(context.Background(), srv.dsn("127.0.0.1")+"&schema=flush")
+	require.NoError(t, err)
+	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
+	return db
+}
+
+// walLSN is the server's WAL insert and flush positions.
+func walLSN(t *testing.T, db *DB) (insert, flush int64) {
+	t.Helper()
+	require.NoError(t, db.pool.QueryRow(context.Background(), `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint, (pg_current_wal_flush_lsn() - '0/0')::bigint`).Scan(&insert, &flush))
+	return insert, flush
 }

@@ -18,13 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// holdWAL are the settings of a server that keeps a lazy commit's WAL
-// (synchronous_commit off) in its shared buffers for up to 10 s: the WAL
-// writer wakes every 10 s (the most wal_writer_delay allows) and nothing
-// else writes WAL out early (no background writer, no autovacuum, no
-// timed checkpoint), so that a crash right after a lazy commit loses it.
-var holdWAL = []string{"wal_writer_delay=10000ms", "bgwriter_lru_maxpages=0", "autovacuum=off", "checkpoint_timeout=1h"}
-
 // crashNow crashes the server as 'pg_ctl stop -m immediate' does (SIGQUIT
 // to the postmaster: every process exits at once, nothing more is written,
 // the next start replays the WAL), without pg_ctl's start-up time, and

@@ -50,6 +50,13 @@ func startServer(t testing.TB, extraListen, extraNets []string) *pgServer {
 	return startServerWith(t, extraListen, extraNets, nil)
 }
 
+// holdWAL are the settings of a server that keeps a lazy commit's WAL
+// (synchronous_commit off) in its shared buffers for up to 10 s: the WAL
+// writer wakes every 10 s (the most wal_writer_delay allows) and nothing
+// else writes WAL out early (no background writer, no autovacuum, no
+// timed checkpoint), so that a crash right after a lazy commit loses it.
+var holdWAL = []string{"wal_writer_delay=10000ms", "bgwriter_lru_maxpages=0", "autovacuum=off", "checkpoint_timeout=1h"}
+
 // startServerWith is startServer with the server settings (NAME=VALUE, as
 // postgres -c takes them) for every start.
 func startServerWith(t testing.TB, extraListen, extraNets, settings []string) *pgServer {
