@@ -50,7 +50,8 @@ import (
 // run's working directory (its logs/run.json names another run: by name
 // or schema, refused before the run is opened; by id alone, as when the
 // run was made again under its name, refused before the session records
-// anything), and
+// anything) or is a run directory (it holds a logs/ledger.jsonl: a run
+// kept in files, whose views this run's would overwrite), and
 // with runstate.ErrInvalid for a run name that breaks the rule of stage
 // names (valid UTF-8 of at most 256 bytes, no control character, no space
 // at either end).

@@ -265,8 +265,14 @@ func (s *store) CheckWorkDir(dir, runID string) error {
 // run other than run in schema, or, when runID is not nil, this run with
 // another id than *runID ("": a run not yet created). DB.Open checks the
 // name alone (runID nil) before it opens the run, so that a refused one
-// records nothing, not even its runs row.
+// records nothing, not even its runs row. A run directory (it holds a
+// logs/ledger.jsonl) is refused too: the views would overwrite its own
+// logs/next-steps.txt and manifest.json.
 func checkWorkDir(dir, schema, run string, runID *string) error {
+	if ledger := filepath.Join(dir, "logs", "ledger.jsonl"); exists(ledger) {
+		return fmt.Errorf("%w: pgstore: %s is a run directory, not a working directory: %s holds the records of a run kept in files, whose logs/next-steps.txt and manifest.json the views of run %q in schema %s would overwrite; give that run a working directory of its own",
+			runstate.ErrMismatch, dir, ledger, run, schema)
+	}
 	rj, path, err := workDirRun(dir)
 	switch {
 	case err != nil:
@@ -286,6 +292,13 @@ func checkWorkDir(dir, schema, run string, runID *string) error {
 func otherRun(dir, path string, rj runJSON, this string) error {
 	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
 		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, this, path)
+}
+
+// exists tells whether path names a file of any kind (a symbolic link
+// is not followed).
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // workDirRun reads dir's logs/run.json (path, runstate.ReadWorkDirFile):

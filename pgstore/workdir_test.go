@@ -129,6 +129,59 @@ func runRecords(t *testing.T, db *DB, name string) int {
 	return n
 }
 
+// A run directory (a run kept in files: logs/ledger.jsonl) is no working
+// directory for a run in the database: DB.Open and OpenStore refuse it
+// with runstate.ErrMismatch before anything is recorded (DB.Open: not
+// even the run's row), naming the
+// ledger, and the directory's own views (next-steps.txt, manifest.json)
+// are left as they were.
+func TestOpenRefusesARunDirectory(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	f, err := runstate.Open(dir, &runstate.Options{Request: "a run in files", NoSync: true})
+	require.NoError(t, err)
+	require.NoError(t, f.Do(ctx, "inspect", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("notes.md", []byte("notes\n"))
+	}))
+	require.NoError(t, f.Close())
+	views := func() [2][]byte {
+		var v [2][]byte
+		for i, name := range []string{"logs/next-steps.txt", "manifest.json"} {
+			data, err := os.ReadFile(filepath.Join(dir, name))
+			require.NoError(t, err)
+			v[i] = data
+		}
+		return v
+	}
+	before := views()
+
+	for i, open := range []func() (*runstate.Run, error){
+		func() (*runstate.Run, error) { return db.Open(ctx, "d", dir, &runstate.Options{Request: "run d"}) },
+		func() (*runstate.Run, error) {
+			return runstate.OpenStore(db.Store("d"), dir, &runstate.Options{Request: "run d"})
+		},
+	} {
+		r, err := open()
+		if r != nil {
+			_ = r.Close()
+		}
+		require.ErrorIs(t, err, runstate.ErrMismatch)
+		assert.Contains(t, err.Error(), dir+" is a run directory")
+		assert.Contains(t, err.Error(), filepath.Join(dir, "logs", "ledger.jsonl"))
+		assert.Contains(t, err.Error(), "give that run a working directory of its own")
+		if i == 0 {
+			var runs int
+			require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT count(*) FROM {s}.runs WHERE name = 'd'`)).Scan(&runs))
+			assert.Zero(t, runs, "DB.Open refused before the run's row")
+		}
+	}
+	assert.Equal(t, before, views(), "the run directory's views are unchanged")
+	assert.NoFileExists(t, filepath.Join(dir, "logs", "run.json"))
+	assert.Zero(t, runRecords(t, db, "d"), "run d has no records")
+	assert.Zero(t, sessionRows(t, db), "the refused Opens left no session open")
+}
+
 // workDirOfRunA opens and closes run "a" (Request "run a") of a new
 // schema in a new working directory, and returns them and a's id.
 func workDirOfRunA(t *testing.T) (*DB, string, string) {
