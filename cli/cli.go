@@ -8,9 +8,12 @@
 // scheme, and the read and operator commands then take such an address
 // wherever they take DIR (github.com/runstate/runstate/pgstore/cmd/runstate
 // adds postgres://), and ls, given a Lister per scheme in Options.Lists,
-// lists the runs a store at such an address holds. The library's own
-// command (cmd/runstate) is Run with no Options. The pipeline commands and
-// repair work on run directories only.
+// lists the runs a store at such an address holds. Given a Runner per
+// scheme in Options.Runners, the pipeline commands take, as DIR, this
+// machine's working directory of a run kept at such an address (-at
+// ADDRESS names it the first time). The library's own command
+// (cmd/runstate) is Run with no Options. repair works on run directories
+// only.
 package cli
 
 import (
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/runstate/runstate/internal/escape"
@@ -39,8 +43,17 @@ type cli struct {
 	err     io.Writer
 	sources map[string]Opener
 	lists   map[string]Lister
+	runners map[string]Runner
 	// addresses: Options.Usage.
 	addresses string
+	// at: a pipeline command's -at ADDRESS.
+	at string
+	// where names the run a pipeline command opened, for its messages:
+	// DIR, or the address of a run kept elsewhere.
+	where string
+	// release: what the Runner that opened the run returned, called
+	// after the Run is closed.
+	release func()
 }
 
 // command is one subcommand. setup defines its flags on fs and returns the
@@ -57,6 +70,11 @@ type command struct {
 	// dirOnly: the command works on run directories only; an address
 	// (another store's URL) is refused.
 	dirOnly bool
+	// workDir: a pipeline command, which opens a session with DIR as the
+	// run's working directory (openRun). DIR may also be the working
+	// directory of a run kept in a store whose Runner is registered, and
+	// -at ADDRESS names such a run.
+	workDir bool
 	setup   func(fs *flag.FlagSet) func(c *cli, args []string) int
 }
 
@@ -106,6 +124,10 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 		for k, v := range o.Lists {
 			c.lists[strings.ToLower(k)] = v
 		}
+		c.runners = map[string]Runner{}
+		for k, v := range o.Runners {
+			c.runners[strings.ToLower(k)] = v
+		}
 	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, c.usage())
@@ -134,6 +156,7 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 	fs := flag.NewFlagSet("runstate "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	runFn := cmd.setup(fs)
+	at := atFlag(fs, cmd)
 	args, argv, dashes := splitArgv(cmd, args[1:])
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -159,16 +182,43 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 		}
 		if cmd.dirOnly && (i == 0 || cmd.name == "ls") && c.isAddress(p) && (cmd.name != "ls" || c.lister(p) == nil) {
 			msg := fmt.Sprintf("%s is an address, not a run directory: %s works on run directories only", Redact(p), cmd.name)
-			if s, _ := scheme(p); cmd.name == "ls" && (s == "postgres" || s == "postgresql") {
+			s, _ := scheme(p)
+			switch {
+			case cmd.workDir && c.runners[s] != nil:
+				msg = fmt.Sprintf("%s is an address, not a directory: %s writes its files in DIR, this machine's working directory of the run; give one (a new directory, say) with -at %s", Redact(p), cmd.name, Redact(p))
+			case cmd.name == "ls" && (s == "postgres" || s == "postgresql"):
 				msg += " in this command; the one that lists a database's runs is built with: " + pgCommand
+			case cmd.workDir && (s == "postgres" || s == "postgresql"):
+				msg += " in this command; the one that also works on runs in PostgreSQL is built with: " + pgCommand
 			}
 			return c.usageError(cmd.name, msg)
 		}
-		if to, ok := workDirOf(p); ok && cmd.dirOnly && i == 0 && cmd.name != "ls" {
+		if i > 0 || !cmd.dirOnly || cmd.name == "ls" {
+			continue
+		}
+		if to, ok := workDirOf(p); ok && (!cmd.workDir || c.runner(to) == nil) {
 			// It would make a second run, in files, beside the one its
 			// logs/run.json names.
-			return c.usageError(cmd.name, fmt.Sprintf("%s is a working directory of the run at %s, not a run directory: %s works on run directories only", p, Redact(to), cmd.name))
+			msg := fmt.Sprintf("%s is a working directory of the run at %s, not a run directory: %s works on run directories only", p, Redact(to), cmd.name)
+			if s, _ := scheme(to); cmd.workDir && (s == "postgres" || s == "postgresql") {
+				msg += " in this command; the one that also works on runs in PostgreSQL is built with: " + pgCommand
+			}
+			return c.usageError(cmd.name, msg)
 		}
+		if *at == "" {
+			continue
+		}
+		if c.runner(*at) == nil {
+			msg := fmt.Sprintf("-at %s: this runstate command keeps runs in directories only; leave out -at to use %s as a run directory", Redact(*at), p)
+			if s, _ := scheme(*at); s == "postgres" || s == "postgresql" {
+				msg += ", or build the one that also works on runs in PostgreSQL: " + pgCommand
+			}
+			return c.usageError(cmd.name, msg)
+		}
+		if _, err := os.Stat(filepath.Join(p, "logs", "ledger.jsonl")); err == nil {
+			return c.usageError(cmd.name, fmt.Sprintf("%s is a run directory (its logs/ledger.jsonl holds a run's records), not a working directory for the run at %s: give that run a directory of its own", p, Redact(*at)))
+		}
+		c.at = *at
 	}
 	if cmd.argv {
 		pos = append(pos, argv...)
@@ -196,6 +246,15 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// atFlag defines a pipeline command's -at flag on fs (nil for the other
+// commands: an empty ADDRESS).
+func atFlag(fs *flag.FlagSet, cmd *command) *string {
+	if !cmd.workDir {
+		return new(string)
+	}
+	return fs.String("at", "", "`ADDRESS`: the run is kept at ADDRESS (postgres://...?run=NAME, with the runstate command built from pgstore) and DIR is this machine's working directory of it; created with -request, and named by DIR's logs/run.json after, so that later commands need no -at")
 }
 
 // usageError reports a bad command line and returns exitUsage.
@@ -267,6 +326,7 @@ func cmdHelp(cmd *command) string {
 	fmt.Fprintf(&b, "usage: runstate %s %s\n\n%s\n", cmd.name, cmd.synopsis, strings.TrimSpace(cmd.long))
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	cmd.setup(fs)
+	atFlag(fs, cmd)
 	n := 0
 	fs.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {

@@ -22,6 +22,7 @@ const maxReceipt = 1 << 20
 var effectCmd = &command{
 	name:     "effect",
 	dirOnly:  true,
+	workDir:  true,
 	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
 	short:    "perform a side effect once: intent before, receipt after",
 	long: `Effect performs the side effect KEY of the run in DIR once, across every
@@ -45,7 +46,9 @@ RUNSTATE_RUN and RUNSTATE_EFFECT (KEY) too. -check CMD is one string run by
 sh -c (cmd /C on Windows); CMD after -- is run as it is. Their standard error
 goes to effect's; SIGINT and SIGTERM are passed on, as for exec. -payload
 TEXT is recorded with the intent: the same KEY with another payload is
-refused. DIR must hold a run, unless -request TEXT creates it.
+refused. DIR must hold a run, unless -request TEXT creates it; it may be
+a working directory of a run kept elsewhere (-at: see 'runstate help
+exec').
 
 Exit status: 0 the receipt is printed (sent now, found by the check, or
 stored); 2 a usage error (nothing recorded); 121 another live session

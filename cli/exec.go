@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +35,7 @@ const (
 var execCmd = &command{
 	name:     "exec",
 	dirOnly:  true,
+	workDir:  true,
 	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
 	short:    "run a command as a stage: skipped when done and its evidence holds",
 	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of
@@ -71,6 +74,13 @@ kept in DIR/exec.
 current directory); -out must be inside DIR. DIR must hold a run, unless
 -request TEXT is given: it creates the run (and, for an existing run, must
 be the run's request).
+
+DIR may also be this machine's working directory of a run kept elsewhere
+(the runstate command built from pgstore keeps runs in PostgreSQL, shared
+by several machines): -at ADDRESS names the run the first time, and DIR's
+logs/run.json names it after. The files are in DIR and the records at
+ADDRESS; the outputs of -after stages done on another machine are put in
+DIR before CMD runs. The same holds for effect, plan, skip and await.
 
 Exit status: the command's, or 0 when it was skipped; 2 for a usage error
 (nothing recorded); 121 another live session runs the stage; 122 the stage
@@ -261,17 +271,51 @@ type execOptions struct {
 // openRun opens the run in dir for a pipeline command, waiting at most
 // timeout for the ledger lock in Open, Close and a stage's end (zero: for
 // ever). Without request, dir must hold a run already: Open would create
-// one. The second result is the exit status when the first is nil.
+// one. A run kept elsewhere (-at ADDRESS, or the address dir's
+// runstate.WorkDirFile names) is opened by its store's Runner, with dir as
+// its working directory. The second result is the exit status when the
+// first is nil.
 func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.Duration) (*runstate.Run, int) {
+	opts := &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout}
+	c.where = dir
+	addr := c.at
+	if addr == "" {
+		addr, _ = workDirOf(dir)
+	}
+	if addr != "" {
+		return c.openAt(name, dir, addr, opts)
+	}
 	if request == "" {
 		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
 			return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, filepath.Join(dir, "logs", "ledger.jsonl")))
 		}
 	}
-	r, err := runstate.Open(dir, &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout})
+	r, err := runstate.Open(dir, opts)
 	if err != nil {
 		return nil, c.failWith(exitRunstate, err)
 	}
+	return r, exitOK
+}
+
+// openAt opens the run at addr through the Runner of its scheme, with dir
+// as its working directory; SIGINT ends the wait. An error that wraps
+// runstate.ErrInvalid (no such run and no -request, a bad name) is a usage
+// error: nothing was recorded.
+func (c *cli) openAt(name, dir, addr string, opts *runstate.Options) (*runstate.Run, int) {
+	runner := c.runner(addr)
+	if runner == nil { // Run refused it already; a file can change between
+		return nil, c.usageError(name, fmt.Sprintf("%s is a working directory of the run at %s: this runstate command cannot open that run", dir, Redact(addr)))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	r, release, err := runner(ctx, addr, dir, opts)
+	if err != nil {
+		if errors.Is(err, runstate.ErrInvalid) {
+			return nil, c.failWith(exitUsage, err)
+		}
+		return nil, c.failWith(exitRunstate, err)
+	}
+	c.where, c.release = Redact(addr), release
 	return r, exitOK
 }
 
@@ -284,7 +328,12 @@ func (c *cli) failWith(code int, err error) int {
 // closeRun closes r and returns code, or exitRunstate when closing failed
 // and code was 0.
 func (c *cli) closeRun(r *runstate.Run, code int) int {
-	if err := r.Close(); err != nil {
+	err := r.Close()
+	if c.release != nil {
+		c.release()
+		c.release = nil
+	}
+	if err != nil {
 		c.fail(err)
 		if code == exitOK {
 			return exitRunstate

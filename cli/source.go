@@ -85,6 +85,22 @@ type Opener func(ctx context.Context, addr string) (Source, error)
 // cannot be reached, with an error that says what to do.
 type Lister func(ctx context.Context, addr string) (runs []Source, closeAll func(), err error)
 
+// Runner opens a session for a pipeline command (exec, effect, plan, skip,
+// await) on the run at addr, an address whose scheme the Runner was
+// registered for in Options.Runners, with workDir, a directory on this
+// machine, as the run's working directory: the stage's files are written
+// there, as in a run directory, and the store names addr in its
+// runstate.WorkDirFile, so that later commands given workDir find the run.
+// With opts.Request it creates the run when the store holds none (and
+// what the store needs for it, a database schema say), as runstate.Open
+// does; without, a run that is not there is an error wrapping
+// runstate.ErrInvalid that says to give -request TEXT, and nothing is
+// written. Its waits end when ctx does, and at opts.LockTimeout for the
+// run's lock. What the Run's records make durable is what runstate.Open's
+// Run says. release frees what the Run used (a connection pool); the
+// caller calls it after closing the Run.
+type Runner func(ctx context.Context, addr, workDir string, opts *runstate.Options) (r *runstate.Run, release func(), err error)
+
 // lastRecorder is a Source that tells when its last record was written
 // without reading the whole ledger (ls's LAST RECORD): seq is the last
 // record's as Inspect found it, 0 when Inspect failed. A Source that is
@@ -102,6 +118,11 @@ type Options struct {
 	// Lists maps a URL scheme to the Lister that ls uses for its
 	// addresses. Without one, ls refuses the scheme's addresses.
 	Lists map[string]Lister
+	// Runners maps a URL scheme to the Runner that the pipeline commands
+	// use for its addresses: given with -at ADDRESS, or named by the
+	// working directory DIR. Without one, they refuse the scheme's
+	// addresses and working directories.
+	Runners map[string]Runner
 	// Usage is a paragraph for 'runstate help' saying which addresses
 	// Sources take, e.g. "DIR may also be postgres://...?run=NAME".
 	Usage string
@@ -186,6 +207,12 @@ func (c *cli) onSource(addr string, fn func(ctx context.Context, src Source) int
 	}
 	defer src.Close()
 	return fn(ctx, src)
+}
+
+// runner returns the Runner registered for addr's scheme, or nil.
+func (c *cli) runner(addr string) Runner {
+	s, _ := scheme(addr)
+	return c.runners[s]
 }
 
 // isAddress tells whether arg is an address another Source serves, not a

@@ -16,6 +16,7 @@ import (
 var planCmd = &command{
 	name:     "plan",
 	dirOnly:  true,
+	workDir:  true,
 	synopsis: "DIR STAGE... [-request TEXT] [-timeout D]",
 	short:    "record the stages a pipeline has, in order",
 	long: `Plan records the work that exists in the run in DIR: the stages, in order,
@@ -23,6 +24,8 @@ that status, next and ls count as done and remaining. Planning the same
 stages again records nothing; another list replaces the plan. The record is
 durable when plan returns. DIR must hold a run, unless -request TEXT creates
 it (a pipeline's first line: runstate plan DIR -request TEXT STAGE...).
+DIR may be a working directory of a run kept elsewhere (-at: see
+'runstate help exec').
 
 Plan is safe to run while other sessions work on the run: it opens a
 session of its own and appends under the ledger lock, as they do (waiting
@@ -58,6 +61,7 @@ session's own Run.Plan, is the run's plan.`,
 var skipCmd = &command{
 	name:     "skip",
 	dirOnly:  true,
+	workDir:  true,
 	synopsis: "DIR STAGE -reason TEXT [-timeout D]",
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
@@ -67,7 +71,9 @@ as it is (nothing recorded). The record is durable when skip returns.
 Skip is safe to run while other sessions work on the run: it opens a
 session of its own and appends under the ledger lock, as they do (waiting
 at most -timeout for it). A stage that a live session is running is not
-skipped (exit 1, nothing recorded): let that attempt end first.`,
+skipped (exit 1, nothing recorded): let that attempt end first. DIR may
+be a working directory of a run kept elsewhere (-at: see 'runstate help
+exec').`,
 	min: 2, max: 2,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		reason := fs.String("reason", "", "`TEXT`: why the stage is not needed (required)")
@@ -93,6 +99,7 @@ skipped (exit 1, nothing recorded): let that attempt end first.`,
 var awaitCmd = &command{
 	name:     "await",
 	dirOnly:  true,
+	workDir:  true,
 	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-timeout D]",
 	short:    "a stage that a person must approve: exit 0 once approved",
 	long: `Await makes STAGE of the run in DIR a person's review: the first time, it
@@ -105,7 +112,8 @@ or output asks for a review again). So a pipeline line
 
   runstate await DIR review -reason "read the diff" -after execute || exit
 
-stops the pipeline until the review is done.
+stops the pipeline until the review is done. DIR may be a working
+directory of a run kept elsewhere (-at: see 'runstate help exec').
 
 Exit status: 0 approved; 122 awaits a person; 121 another live session runs
 the stage; 123 it failed fatally; 2 a usage error; 125 runstate could not
@@ -183,7 +191,7 @@ func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func
 	if code := c.closeRun(r, exitOK); code != exitOK {
 		return code
 	}
-	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s (ledger seq %d in %s)", what, seq, dir)))
+	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s (ledger seq %d in %s)", what, seq, c.where)))
 	return exitOK
 }
 
