@@ -21,9 +21,21 @@
 //	postgres://USER@HOST:PORT/DATABASE[?schema=SCHEMA]
 //
 // and lists every run of the schema, each under its address, as it lists
-// the run directories under a root (with run=NAME: that run alone). The
-// pipeline commands (exec, effect, plan, skip, await) and repair work on
-// run directories only.
+// the run directories under a root (with run=NAME: that run alone).
+//
+// The pipeline commands (exec, effect, plan, skip, await) take, as DIR,
+// this machine's working directory of a run in PostgreSQL: -at ADDRESS
+// names the run the first time (with -request TEXT it creates the run,
+// connecting with pgstore.Connect, which creates the schema too), and
+// DIR's logs/run.json names it after, so that a bash pipeline on several
+// machines reads
+//
+//	runstate plan -at 'postgres://agent@db/agents?run=nightly' ./work -request "nightly build" fetch build
+//	runstate exec ./work build -after fetch -out ./work/app -- make app
+//
+// The stages' files are in DIR and stored in the database with the
+// records; an -after stage's outputs made on another machine are put in
+// DIR before the command runs. repair works on run directories only.
 //
 // Build it from a checkout of the repository:
 //
@@ -43,8 +55,11 @@ func options() *cli.Options {
 	return &cli.Options{
 		Sources: map[string]cli.Opener{"postgres": openPG, "postgresql": openPG},
 		Lists:   map[string]cli.Lister{"postgres": listPG, "postgresql": listPG},
+		Runners: map[string]cli.Runner{"postgres": runPG, "postgresql": runPG},
 		Usage: `DIR may also be a run in PostgreSQL: postgres://USER@HOST:PORT/DB?run=NAME[&schema=S]
 (status, log, verify, next, metrics, export, approve, invalidate, resolve);
-ls also takes a database, postgres://USER@HOST:PORT/DB[?schema=S]: its runs.`,
+ls also takes a database, postgres://USER@HOST:PORT/DB[?schema=S]: its runs;
+exec, effect, plan, skip and await take this machine's working directory of
+such a run as DIR, with -at ADDRESS the first time.`,
 	}
 }

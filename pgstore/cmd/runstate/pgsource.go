@@ -45,6 +45,44 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	return &pgSource{addr: cli.Redact(addr), run: run, db: db}, nil
 }
 
+// runPG opens, for a pipeline command, a session on the run addr names
+// with workDir as its working directory (cli.Runner). With opts.Request
+// it connects with Connect, which creates or upgrades the schema, and
+// DB.Open creates the run when it is not there; without, it connects
+// read-only and the run must exist (checked before anything is written:
+// a refused Open would leave the run's name behind). release closes the
+// connection pool.
+func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*runstate.Run, func(), error) {
+	dsn, run, err := splitRun(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %s", runstate.ErrInvalid, strings.TrimPrefix(err.Error(), "runstate: "))
+	}
+	connect := pgstore.ConnectReadOnly
+	if opts.Request != "" {
+		connect = pgstore.Connect
+	}
+	db, err := connect(ctx, dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+	}
+	src := &pgSource{addr: cli.Redact(addr), run: run, db: db}
+	if opts.Request == "" {
+		if _, err := db.Inspect(ctx, run); err != nil {
+			defer db.Close()
+			if errors.Is(err, pgstore.ErrNoRun) {
+				return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, src.addr, run, db.Schema(), src.others())
+			}
+			return nil, nil, src.wrap(err)
+		}
+	}
+	r, err := db.Open(ctx, run, workDir, opts)
+	if err != nil {
+		defer db.Close()
+		return nil, nil, src.wrap(err)
+	}
+	return r, db.Close, nil
+}
+
 // listPG lists, for ls, the runs of the database and schema addr names,
 // or the one run it names with run=NAME: one read-only connection pool
 // for them all, closed by the returned function. Each run's Source is

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/cli"
+	"github.com/runstate/runstate/pgstore"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pipelineScript is a bash pipeline's command lines on the run at where
+// (a run directory, or a working directory of a run in PostgreSQL, with
+// at: "-at", ADDRESS on the first). sent is a file each send of the
+// effect appends a line to. It returns each command's result.
+func pipelineScript(t *testing.T, where, sent string, at ...string) []result {
+	t.Helper()
+	sh := func(script string) []string { return []string{"--", "sh", "-c", script} }
+	lines := [][]string{
+		append([]string{"plan", where, "-request", "ship the parser", "inspect", "build", "review", "notify", "docs"}, at...),
+		append([]string{"exec", where, "inspect", "-out", filepath.Join(where, "notes.txt")}, sh(`echo "notes of inspect" > "$RUNSTATE_DIR/notes.txt"`)...),
+		append([]string{"exec", where, "build", "-after", "inspect", "-out", filepath.Join(where, "build.txt")}, sh(`tr a-z A-Z < "$RUNSTATE_DIR/notes.txt" > "$RUNSTATE_DIR/build.txt"`)...),
+		append([]string{"effect", where, "notify", "-payload", `{"to":"team"}`}, sh(`echo sent >> "`+sent+`"; echo '{"message":7}'`)...),
+		{"skip", where, "docs", "-reason", "no user-facing change"},
+		{"await", where, "review", "-reason", "read the diff", "-after", "build"},
+	}
+	var res []result
+	for _, args := range lines {
+		res = append(res, runIn(args...))
+	}
+	return res
+}
+
+// The pipeline commands (plan, exec, effect, skip, await) work on a run in
+// PostgreSQL through a working directory: -at ADDRESS names the run the
+// first time (with -request it creates the run, and the schema), the
+// directory's logs/run.json after. The same command lines give the same
+// exit statuses, the same status -json and the same records as on a run
+// directory. A second working directory, another machine's, finds the
+// first's -after outputs there byte for byte, skips what was done, gets
+// the effect's receipt without sending it again, and a person's approve
+// completes the review there.
+func TestPipelineCommandsWorkOnAPostgreSQLRun(t *testing.T) {
+	dsn := testDSN(t) // a schema that does not exist yet
+	addr := address(dsn, "ship")
+	dir := filepath.Join(t.TempDir(), "run")
+	w1, w2 := filepath.Join(t.TempDir(), "w1"), filepath.Join(t.TempDir(), "w2")
+	sentDir, sentPG := filepath.Join(t.TempDir(), "sent"), filepath.Join(t.TempDir(), "sent")
+
+	onDir := pipelineScript(t, dir, sentDir)
+	onPG := pipelineScript(t, w1, sentPG, "-at", addr)
+	for i := range onDir {
+		assert.Equal(t, onDir[i].code, onPG[i].code, "command %d: exit status (stderr %s)", i, onPG[i].err)
+		assert.Equal(t, strings.ReplaceAll(onDir[i].out, " in "+dir+")", " in WHERE)"), reIn.ReplaceAllString(onPG[i].out, " in WHERE)"), "command %d: output", i)
+	}
+	assert.Equal(t, 122, onPG[5].code, "await: the review awaits a person")
+	assert.Contains(t, onPG[0].out, "planned 5 stage(s): inspect, build, review, notify, docs (ledger seq ")
+	assert.Contains(t, onPG[0].out, " in "+cli.Redact(addr)+")", "plan names the address")
+	assert.Equal(t, "{\"message\":7}\n", onPG[3].out, "effect prints the receipt")
+	for _, cmd := range [][]string{{"status", "-json"}, {"log", "-json"}} {
+		assert.Equal(t, normal(t, runIn(append(cmd, dir)...).out), normal(t, runIn(append(cmd, addr)...).out), "%v", cmd)
+	}
+	assert.Equal(t, normal(t, runIn("status", "-json", dir).out), normal(t, runIn("status", "-json", w1).out), "status of the working directory reads the run")
+
+	// The records are in the database, the files in w1: no ledger there.
+	assert.NoFileExists(t, filepath.Join(w1, "logs", "ledger.jsonl"))
+	assert.FileExists(t, filepath.Join(w1, "exec", "inspect.stdout"))
+	db, err := pgstore.ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	st, err := db.Inspect(context.Background(), "ship")
+	require.NoError(t, err)
+	assert.Equal(t, "ship the parser", st.Request)
+	s, _ := st.Stage("build")
+	assert.Equal(t, runstate.StateComplete, s.State)
+
+	// Another machine: w2, named once with -at, by its logs/run.json after.
+	res := runIn("exec", w2, "inspect", "-at", addr, "--", "sh", "-c", "echo ran >> "+filepath.Join(t.TempDir(), "never"))
+	require.Equal(t, 0, res.code, res.err)
+	assert.Contains(t, res.err, "runstate exec: inspect: skipped: ")
+	res = runIn("exec", w2, "test", "-after", "build", "-out", filepath.Join(w2, "test.txt"), "--", "sh", "-c", `cat "$RUNSTATE_DIR/build.txt" > "$RUNSTATE_DIR/test.txt"`)
+	require.Equal(t, 0, res.code, res.err)
+	got, err := os.ReadFile(filepath.Join(w2, "test.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "NOTES OF INSPECT\n", string(got), "build's output, made in w1, is in w2 byte for byte")
+	res = runIn("effect", w2, "notify", "-payload", `{"to":"team"}`, "--", "sh", "-c", `echo sent >> "`+sentPG+`"; echo '{"message":8}'`)
+	require.Equal(t, 0, res.code, res.err)
+	assert.Equal(t, "{\"message\":7}\n", res.out, "the stored receipt")
+	sends, err := os.ReadFile(sentPG)
+	require.NoError(t, err)
+	assert.Equal(t, "sent\n", string(sends), "the effect was sent once, from w1")
+
+	res = runIn("approve", w2, "review", "-by", "ann")
+	require.Equal(t, 0, res.code, res.err)
+	res = runIn("await", w2, "review", "-reason", "read the diff", "-after", "build")
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Contains(t, res.err, "runstate await: review: approved")
+	res = runIn("verify", addr)
+	assert.Equal(t, 0, res.code, res.out+res.err)
+}
+
+// reIn is the address in a pipeline command's "(ledger seq N in ADDRESS)".
+var reIn = regexp.MustCompile(` in postgres://[^)\s]*\)`)
+
+// The pipeline commands refuse, before anything is recorded, what would
+// lose or mix records: a run that is not there without -request (nothing
+// is made, not even the run's name), an address given as DIR, -at with a
+// run directory, and a working directory of another run.
+func TestPipelineCommandsOnPostgreSQLRefuseWhatIsNotTheirs(t *testing.T) {
+	dsn := testDSN(t)
+	ctx := context.Background()
+	db, err := pgstore.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	w := filepath.Join(t.TempDir(), "w")
+	r, err := db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	res := runIn("exec", filepath.Join(t.TempDir(), "new"), "build", "-at", address(dsn, "missing"), "--", "true")
+	assert.Equal(t, 2, res.code, res.err)
+	assert.Contains(t, res.err, `holds no run "missing" in schema `)
+	assert.Contains(t, res.err, "the runs in schema ")
+	assert.Contains(t, res.err, ": one")
+	assert.Contains(t, res.err, "give -request TEXT to create it")
+	names, err := db.Runs(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"one"}, names, "no run was made")
+
+	res = runIn("plan", address(dsn, "one"), "a")
+	assert.Equal(t, 2, res.code)
+	assert.Contains(t, res.err, "is an address, not a directory: plan writes its files in DIR")
+	assert.Contains(t, res.err, "with -at ")
+
+	runDir := filepath.Join(t.TempDir(), "run")
+	f, err := runstate.Open(runDir, &runstate.Options{Request: "a run in files", NoSync: true})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	res = runIn("plan", runDir, "a", "-at", address(dsn, "one"))
+	assert.Equal(t, 2, res.code)
+	assert.Contains(t, res.err, runDir+" is a run directory (its logs/ledger.jsonl holds a run's records)")
+
+	res = runIn("plan", w, "a", "-at", address(dsn, "two"), "-request", "the second run")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, "is the working directory of another run")
+	names, err = db.Runs(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"one"}, names, "no run was made")
+
+	res = runIn("plan", w, "a", "-request", "another request")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, "run identity mismatch")
+
+	res = runIn("plan", w, "a")
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Contains(t, res.out, "planned 1 stage(s): a (ledger seq ")
+}
