@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
@@ -160,4 +163,97 @@ func TestPipelineCommandsOnPostgreSQLRefuseWhatIsNotTheirs(t *testing.T) {
 	res = runIn("plan", w, "a")
 	assert.Equal(t, 0, res.code, res.err)
 	assert.Contains(t, res.out, "planned 1 stage(s): a (ledger seq ")
+}
+
+// waitFile waits up to a minute (a busy machine) for path to exist.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear within a minute", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Two machines (working directories, each command a process of its own)
+// share one run through the built command: while one's exec runs a
+// stage, the other's is refused as busy (exit 121, its command not run),
+// and once it completes the other skips it. An exec SIGKILLed in the
+// middle of a stage leaves the attempt to the next session, which records
+// it interrupted: the other machine's exec runs the stage again, saying
+// why. One complete record per stage; the run verifies.
+func TestPipelineCommandsShareARunAcrossMachines(t *testing.T) {
+	dsn := testDSN(t)
+	addr := address(dsn, "fleet")
+	tmp := t.TempDir()
+	w1, w2 := filepath.Join(tmp, "w1"), filepath.Join(tmp, "w2")
+	never := filepath.Join(tmp, "never")
+	res := runBin(t, "plan", "-at", addr, w1, "-request", "a fleet pipeline", "slow", "killed")
+	require.Equal(t, 0, res.code, res.err)
+
+	started, gate := filepath.Join(tmp, "started"), filepath.Join(tmp, "gate")
+	m1 := exec.Command(bin, "exec", w1, "slow", "-out", filepath.Join(w1, "slow.txt"), "--", "sh", "-c",
+		`touch "$1"; while [ ! -e "$2" ]; do sleep 0.02; done; echo slow > "$RUNSTATE_DIR/slow.txt"`, "sh", started, gate)
+	var m1err strings.Builder
+	m1.Stderr = &m1err
+	require.NoError(t, m1.Start())
+	waitFile(t, started)
+	res = runBin(t, "exec", "-at", addr, w2, "slow", "--", "sh", "-c", `echo ran >> "$1"`, "sh", never)
+	assert.Equal(t, 121, res.code, "busy: %s", res.err)
+	assert.Contains(t, res.err, "running in a live session")
+	require.NoError(t, os.WriteFile(gate, nil, 0o644))
+	require.NoError(t, m1.Wait(), m1err.String())
+	res = runBin(t, "exec", w2, "slow", "--", "sh", "-c", `echo ran >> "$1"`, "sh", never)
+	require.Equal(t, 0, res.code, res.err)
+	assert.Contains(t, res.err, "runstate exec: slow: skipped: ")
+	assert.NoFileExists(t, never, "no command ran on w2")
+	got, err := os.ReadFile(filepath.Join(w2, "slow.txt"))
+	require.NoError(t, err, "slow's output, made on w1, is on w2")
+	assert.Equal(t, "slow\n", string(got))
+
+	started = filepath.Join(tmp, "started2")
+	m1 = exec.Command(bin, "exec", w1, "killed", "--", "sh", "-c", `touch "$1"; exec sleep 120`, "sh", started)
+	require.NoError(t, m1.Start())
+	waitFile(t, started)
+	require.NoError(t, m1.Process.Signal(syscall.SIGKILL))
+	_ = m1.Wait()
+	killed := time.Now()
+	// The killed session's advisory lock is free once the server has seen
+	// its connection close: until then the stage is busy, and exec says
+	// so with nothing recorded (a pipeline would try again).
+	for {
+		res = runBin(t, "exec", w2, "killed", "-out", filepath.Join(w2, "killed.txt"), "--", "sh", "-c", `echo again > "$RUNSTATE_DIR/killed.txt"`)
+		if res.code != 121 || time.Since(killed) > 30*time.Second {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, 0, res.code, res.err)
+	t.Logf("the stage ran again on w2 %v after the SIGKILL on w1", time.Since(killed).Round(time.Millisecond))
+	assert.Contains(t, res.err, "runstate exec: killed: running (attempt 2): ")
+	assert.Contains(t, res.err, "interrupted")
+
+	db, err := pgstore.ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	completes := map[string]int{}
+	var interrupted int
+	require.NoError(t, db.ReadLedger(context.Background(), "fleet", func(r *runstate.Record) error {
+		switch r.Ev {
+		case "complete":
+			completes[r.Stage]++
+		case "interrupted":
+			interrupted++
+		}
+		return nil
+	}))
+	assert.Equal(t, map[string]int{"slow": 1, "killed": 1}, completes)
+	assert.Equal(t, 1, interrupted, "the killed attempt")
+	res = runIn("verify", addr)
+	assert.Equal(t, 0, res.code, res.out+res.err)
 }
