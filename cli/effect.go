@@ -23,7 +23,7 @@ var effectCmd = &command{
 	name:     "effect",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
+	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-at ADDRESS] [-timeout D] -- CMD [ARGS...]",
 	short:    "perform a side effect once: intent before, receipt after",
 	long: `Effect performs the side effect KEY of the run in DIR once, across every
 session, with the guarantees of the library's Run.Effect:

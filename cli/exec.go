@@ -36,7 +36,7 @@ var execCmd = &command{
 	name:     "exec",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-timeout D] -- CMD [ARGS...]",
+	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-at ADDRESS] [-timeout D] -- CMD [ARGS...]",
 	short:    "run a command as a stage: skipped when done and its evidence holds",
 	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of
 the library's Do:

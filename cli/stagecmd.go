@@ -17,7 +17,7 @@ var planCmd = &command{
 	name:     "plan",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR STAGE... [-request TEXT] [-timeout D]",
+	synopsis: "DIR STAGE... [-request TEXT] [-at ADDRESS] [-timeout D]",
 	short:    "record the stages a pipeline has, in order",
 	long: `Plan records the work that exists in the run in DIR: the stages, in order,
 that status, next and ls count as done and remaining. Planning the same
@@ -62,7 +62,7 @@ var skipCmd = &command{
 	name:     "skip",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR STAGE -reason TEXT [-timeout D]",
+	synopsis: "DIR STAGE -reason TEXT [-at ADDRESS] [-timeout D]",
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
 it counts as done, and exec skips it. A stage that is done already is left
@@ -100,7 +100,7 @@ var awaitCmd = &command{
 	name:     "await",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-timeout D]",
+	synopsis: "DIR STAGE -reason TEXT [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-at ADDRESS] [-timeout D]",
 	short:    "a stage that a person must approve: exit 0 once approved",
 	long: `Await makes STAGE of the run in DIR a person's review: the first time, it
 begins the stage with the evidence given (as exec's flags), records the -out
