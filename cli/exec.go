@@ -47,14 +47,16 @@ the library's Do:
     is not run: one line on standard error says so and why; exit 0.
   - Otherwise the stage begins (one line on standard error says why it
     runs, as Stage.Reason and the begin record do: "first attempt",
-    "input src/parser.go changed", "attempt 1 was interrupted ...") and CMD runs with RUNSTATE_DIR (the run directory, an
-    absolute path), RUNSTATE_STAGE, RUNSTATE_ATTEMPT and RUNSTATE_RUN (the
-    run's id) in its environment and exec's standard input. Its standard
-    output and error go to exec's, and also to DIR/exec/STAGE.stdout and
-    DIR/exec/STAGE.stderr, which are outputs of the stage (a "/" in STAGE
-    makes subdirectories; other characters than letters, digits, ".", "_"
-    and "-" are %XX-escaped; a part that would make a file name longer
-    than 255 bytes keeps its start and ends in "~" and a hash of STAGE).
+    "input src/parser.go changed", "attempt 1 was interrupted ...") and
+    CMD runs with RUNSTATE_DIR (DIR as an absolute path: the run
+    directory, or the working directory), RUNSTATE_STAGE, RUNSTATE_ATTEMPT
+    and RUNSTATE_RUN (the run's id) in its environment and exec's
+    standard input. Its standard output and error go to exec's, and also
+    to DIR/exec/STAGE.stdout and DIR/exec/STAGE.stderr, which are outputs
+    of the stage (a "/" in STAGE makes subdirectories; other characters
+    than letters, digits, ".", "_" and "-" are %XX-escaped; a part that
+    would make a file name longer than 255 bytes keeps its start and ends
+    in "~" and a hash of STAGE).
   - Exit 0: every -out PATH must exist; the stage completes with the
     outputs and their hashes, durably. Non-zero: the stage fails
     (retryable, unless -person-exit or -fatal-exit names the status) and
