@@ -260,7 +260,7 @@ func atFlag(fs *flag.FlagSet, cmd *command) *string {
 	if !cmd.workDir {
 		return new(string)
 	}
-	return fs.String("at", "", "`ADDRESS`: the run is kept at ADDRESS (postgres://...?run=NAME, with the runstate command built from pgstore) and DIR is this machine's working directory of it; created with -request, and named by DIR's logs/run.json after, so that later commands need no -at")
+	return fs.String("at", "", "`ADDRESS`: the run is kept at ADDRESS (postgres://...?run=NAME, with the runstate command built from pgstore) and DIR is this machine's working directory of it; created with -request, and named by DIR's logs/run.json after, so that later commands need no -at (it keeps no password: give that in PGPASSWORD or ~/.pgpass)")
 }
 
 // usageError reports a bad command line and returns exitUsage.
