@@ -23,7 +23,11 @@ var lsCmd = &command{
 	long: `Ls finds every run directory (one holding logs/ledger.jsonl) under each
 ROOT (default: the current directory) and prints one line for each: the
 directory, its request, progress (done/planned stages), its state, the
-first thing that blocks it, and the age of its last ledger record.
+first thing that blocks it, and the age of its last ledger record. A
+working directory of a run kept elsewhere (its logs/run.json names the
+run's address: a run in PostgreSQL) has a line too, read from that
+address by the runstate command built with pgstore (with another command,
+its line says which command reads it).
 
 A ROOT may also be the address of a store that holds runs, where the
 command reads one (the runstate command built with pgstore: a database,
@@ -48,7 +52,8 @@ takes no lock and writes nothing.
 
 With -json it prints a JSON array of {"dir" (or the address), "id", "request", "done",
 "planned", "state", "blocker" (a runstate.Blocker, or absent), "last_record"
-(RFC 3339), "age_seconds", "seq", "error"}.
+(RFC 3339), "age_seconds", "seq", "error", "address" (a working
+directory's run)}.
 
 Exit status 0; 3 when any run is blocked; 1 when a run or a root could not
 be read (its line says why) and none is blocked.`,
@@ -81,13 +86,16 @@ type lsRun struct {
 	Age        float64           `json:"age_seconds"`
 	Seq        int64             `json:"seq"`
 	Error      string            `json:"error,omitempty"`
+	// Address is, for a working directory of a run kept elsewhere, the
+	// run's address, where its line was read.
+	Address string `json:"address,omitempty"`
 }
 
 // lsRank orders the states: what needs a person first.
 var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "running": 4, "finished": 5}
 
 func (c *cli) ls(roots []string, depth int, asJSON bool) int {
-	var dirs []string
+	var dirs, workDirs []string
 	visited, unreadable := 0, false
 	var walk func(dir string, level int)
 	walk = func(dir string, level int) {
@@ -97,6 +105,10 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		visited++
 		if fi, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil && fi.Mode().IsRegular() {
 			dirs = append(dirs, dir)
+			return
+		}
+		if _, ok := workDirOf(dir); ok {
+			workDirs = append(workDirs, dir)
 			return
 		}
 		if level >= depth {
@@ -142,6 +154,9 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 
 	for _, d := range dirs {
 		runs = append(runs, lsOne(ctx, &dirSource{dir: d}, now))
+	}
+	for _, d := range workDirs {
+		runs = append(runs, c.lsWorkDir(ctx, d, now))
 	}
 	if runs == nil {
 		runs = []lsRun{} // -json: [], not null
@@ -208,6 +223,31 @@ func (c *cli) lister(arg string) Lister {
 		return nil
 	}
 	return c.lists[s]
+}
+
+// lsWorkDir reads, for ls, the run that the working directory dir belongs
+// to, at the address its logs/run.json names, through the Opener of the
+// address's scheme: the line is dir's, with the run's address. Without
+// an Opener, or when the run cannot be read, it is an error line that
+// says why.
+func (c *cli) lsWorkDir(ctx context.Context, dir string, now time.Time) lsRun {
+	addr, _ := workDirOf(dir)
+	if s, _ := scheme(addr); c.sources[s] == nil {
+		hint := "the runstate command that reads its store does"
+		if s == "postgres" || s == "postgresql" {
+			hint = "the one built from pgstore does (" + pgCommand + ")"
+		}
+		return lsRun{Dir: dir, Address: Redact(addr), State: "error",
+			Error: fmt.Sprintf("this command cannot read its run, at %s (logs/run.json): %s", Redact(addr), hint)}
+	}
+	src, err := c.open(ctx, dir)
+	if err != nil {
+		return lsRun{Dir: dir, Address: Redact(addr), State: "error", Error: err.Error()}
+	}
+	defer src.Close()
+	r := lsOne(ctx, src, now)
+	r.Dir, r.Address = dir, src.Name()
+	return r
 }
 
 // lsOne reads the run src for ls.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,6 +72,25 @@ func TestPipelineCommandsWorkOnAPostgreSQLRun(t *testing.T) {
 	}
 	assert.Equal(t, normal(t, runIn("status", "-json", dir).out), normal(t, runIn("status", "-json", w1).out), "status of the working directory reads the run")
 
+	// ls of the directory that holds w1 lists it as the run it is, read
+	// from the database: the line of the run directory's, with the
+	// address.
+	lsOf := func(root string) map[string]any {
+		res := runIn("ls", "-json", root)
+		assert.Equal(t, 3, res.code, "blocked: the review awaits a person (%s)", res.err)
+		var runs []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
+		require.Len(t, runs, 1, res.out)
+		return runs[0]
+	}
+	onDirLs, onPGLs := lsOf(filepath.Dir(dir)), lsOf(filepath.Dir(w1))
+	assert.Equal(t, w1, onPGLs["dir"])
+	assert.Contains(t, onPGLs["address"], "run=ship")
+	for _, k := range []string{"request", "done", "planned", "state", "seq"} {
+		assert.Equal(t, onDirLs[k], onPGLs[k], "ls: %s", k)
+	}
+	assert.Equal(t, normal(t, mustJSON(t, onDirLs["blocker"])), normal(t, mustJSON(t, onPGLs["blocker"])), "ls: blocker")
+
 	// The records are in the database, the files in w1: no ledger there.
 	assert.NoFileExists(t, filepath.Join(w1, "logs", "ledger.jsonl"))
 	assert.FileExists(t, filepath.Join(w1, "exec", "inspect.stdout"))
@@ -106,6 +126,14 @@ func TestPipelineCommandsWorkOnAPostgreSQLRun(t *testing.T) {
 	assert.Contains(t, res.err, "runstate await: review: approved")
 	res = runIn("verify", addr)
 	assert.Equal(t, 0, res.code, res.out+res.err)
+}
+
+// mustJSON is v as JSON.
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
 }
 
 // reIn is the address in a pipeline command's "(ledger seq N in ADDRESS)".
