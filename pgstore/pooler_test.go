@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/url"
@@ -159,4 +160,39 @@ func TestRunThroughASessionPooler(t *testing.T) {
 	for _, x := range s.Stages {
 		assert.Equal(t, runstate.StateComplete, x.State, x.Name)
 	}
+}
+
+// Through a pooler in session mode, the check that resolves a commit whose
+// connection was lost (resolveCommit, on connections of its own) connects
+// and finds the run's records: it sets no startup parameter that pgbouncer
+// refuses (search_path is one: "unsupported startup parameter").
+func TestCommitCheckThroughASessionPooler(t *testing.T) {
+	ctx := context.Background()
+	db, err := Connect(ctx, startPgbouncer(t, "session", true))
+	require.NoError(t, err)
+	defer db.Close()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "pooler"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "s", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("out.txt", []byte("out\n"))
+	}))
+	require.NoError(t, r.Close())
+
+	s := db.Store("r").(*store)
+	runID, err := s.id(ctx)
+	require.NoError(t, err)
+	lines := readAll(t, s)
+	mark := func(seq int) commitMark {
+		h := sha256.Sum256(lines[seq-1])
+		return commitMark{Seq: int64(seq), Hash: h[:]}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	committed, err := resolveCommit(cctx, s.connect, runID, mark(2), mark(len(lines)))
+	require.NoError(t, err)
+	assert.True(t, committed, "the run's records are found")
+	next := commitMark{Seq: int64(len(lines) + 1), Hash: make([]byte, sha256.Size)}
+	committed, err = resolveCommit(cctx, s.connect, runID, next, next)
+	require.NoError(t, err)
+	assert.False(t, committed, "a record that is not there is not found")
 }

@@ -234,8 +234,8 @@ func (b *batch) recheck(br pgx.BatchResults) error {
 }
 
 // resolveCommit finds out whether the batch whose records run from first
-// to last committed: on new connections (connect sets search_path to the
-// schema), with backoff, until CommitTimeout, it locks the run's head row
+// to last committed: on new connections (store.connect sets search_path to
+// the schema), with backoff, until CommitTimeout, it locks the run's head row
 // and reads the hashes at first.Seq and last.Seq. Both ours: committed,
 // and on disk when it returns (checkCommit flushes them).
 // Neither there, or other records there: not committed, and since the

@@ -249,13 +249,18 @@ func (s *store) Close(clean bool) error {
 // connect opens a connection of its own (not from the pool, whose
 // connections may share the fate of one that just failed), with
 // search_path set to the schema alone: resolveCommit's queries name the
-// tables without it.
+// tables without it. It is set by a statement, not as a startup
+// parameter, which a pooler in session mode refuses (pgbouncer:
+// "unsupported startup parameter: search_path").
 func (s *store) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg := s.db.lockCfg.Copy()
-	cfg.RuntimeParams["search_path"] = s.db.ident
 	cfg.RuntimeParams["application_name"] = "runstate commit check"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, s.db.connectError(err)
+	}
+	if _, err := conn.Exec(ctx, "SET search_path TO "+s.db.ident, pgx.QueryExecModeSimpleProtocol); err != nil {
+		closeNow(conn)
 		return nil, s.db.connectError(err)
 	}
 	return conn, nil
