@@ -46,17 +46,8 @@ if ! [[ $batch =~ ^[0-9]+$ ]] || ((batch < 2)); then
 	echo "pgfloor.sh: BATCH is the records of a batch, 2 or more" >&2
 	exit 2
 fi
-# tool NAME: the server's binaries first (RUNSTATE_PG_BIN, as
-# ../pgstore/testdb.sh sets it), then PATH, then Debian's directories.
-tool() {
-	if [[ -n ${RUNSTATE_PG_BIN:-} && -x $RUNSTATE_PG_BIN/$1 ]]; then
-		echo "$RUNSTATE_PG_BIN/$1"
-	elif command -v "$1"; then
-		:
-	else
-		ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -1 || true
-	fi
-}
+# shellcheck source=pgtool.sh
+. "$(dirname "$0")/pgtool.sh"
 pgbench=$(tool pgbench)
 psql=$(tool psql)
 if [[ -z $pgbench || -z $psql ]]; then
