@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -197,7 +198,7 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		blocker := "-"
 		switch {
 		case r.Error != "":
-			blocker = oneLine(r.Error, 60)
+			blocker = oneLine(lsReason(r), 60)
 		case r.Blocker != nil:
 			what := r.Blocker.Stage
 			if what == "" {
@@ -213,6 +214,18 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 	}
 	tw.Flush()
 	return code
+}
+
+// lsReason is r's error for its line, without what the line shows
+// already: a leading "runstate: " and the run's directory or address.
+func lsReason(r lsRun) string {
+	msg := strings.TrimPrefix(r.Error, "runstate: ")
+	for _, where := range []string{r.Dir, r.Address} {
+		if where != "" {
+			msg = strings.TrimPrefix(msg, where+": ")
+		}
+	}
+	return msg
 }
 
 // lister returns the Lister of arg's scheme when arg is an address that

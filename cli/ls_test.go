@@ -182,3 +182,19 @@ func (c *closeCounter) Close() error {
 	*c.closed++
 	return c.renamedDir.Close()
 }
+
+// An error line's FIRST BLOCKER leaves out what the line shows already,
+// so that its 60 characters say what went wrong.
+func TestLsReasonLeavesOutWhatTheLineShows(t *testing.T) {
+	for _, c := range []struct {
+		r    lsRun
+		want string
+	}{
+		{lsRun{Dir: "w", Address: "pg://h?run=a", Error: "runstate: pg://h?run=a: pgstore: cannot connect"}, "pgstore: cannot connect"},
+		{lsRun{Dir: "pg://h?run=a", Error: "runstate: pg://h?run=a: pgstore: no run \"a\""}, "pgstore: no run \"a\""},
+		{lsRun{Dir: "runs/x", Error: "runstate: runs/x: ledger is corrupt"}, "ledger is corrupt"},
+		{lsRun{Dir: "runs/x", Error: "read runs/x/logs/ledger.jsonl: permission denied"}, "read runs/x/logs/ledger.jsonl: permission denied"},
+	} {
+		assert.Equal(t, c.want, lsReason(c.r), c.r.Error)
+	}
+}
