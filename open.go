@@ -130,7 +130,11 @@ func (r *Run) loadOpened(ctx context.Context, snap []byte, at Position) (*state,
 
 // openOutputs opens the local directory, creating it (and logs/tmp, where
 // outputs are written before they are renamed into place) when a store
-// that is not the file store left it missing.
+// that is not the file store left it missing. A working directory whose
+// logs, logs/tmp or another of runstate's own names is a symbolic link
+// (or a FIFO, a device) is refused first, naming it, as Open refuses a
+// run directory's (guardOwnFiles): creating logs/tmp would follow the
+// link out of the directory.
 func (r *Run) openOutputs() error {
 	perm := fs.FileMode(0o644)
 	if p, ok := r.store.(interface{ outputPerm() fs.FileMode }); ok {
@@ -138,6 +142,9 @@ func (r *Run) openOutputs() error {
 	} else {
 		if r.dir == "" {
 			return fmt.Errorf("%w: OpenStore needs a local directory", ErrInvalid)
+		}
+		if _, err := guardOwnFiles(r.dir, nil); err != nil {
+			return err
 		}
 		if err := os.MkdirAll(filepath.Join(r.dir, filepath.FromSlash(tmpDir)), 0o755); err != nil {
 			return fmt.Errorf("runstate: cannot create %s: %w", r.dir, err)

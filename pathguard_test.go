@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/runstatetest"
 )
 
 // symlink makes a symbolic link, or ends the test where this system does
@@ -257,4 +258,35 @@ func TestFileInputDirectoryRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), in)
 	assert.Contains(t, err.Error(), "a directory, not a regular file")
 	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
+}
+
+// TestWorkDirOwnFilesAreNotFollowed: a run in another store (here in
+// memory) whose working directory has logs or logs/tmp as a symbolic
+// link out of it is refused by OpenStore, naming the link, before the
+// session records anything and before anything is made outside.
+func TestWorkDirOwnFilesAreNotFollowed(t *testing.T) {
+	for _, rel := range []string{"logs", "logs/tmp"} {
+		t.Run(rel, func(t *testing.T) {
+			dir := t.TempDir()
+			own := filepath.Join(dir, filepath.FromSlash(rel))
+			require.NoError(t, os.MkdirAll(filepath.Dir(own), 0o755))
+			outside := filepath.Join(t.TempDir(), "elsewhere")
+			require.NoError(t, os.Mkdir(outside, 0o755))
+			symlink(t, outside, own)
+			mem := runstatetest.NewMemStore()
+
+			r, err := mem.Open(dir, testOptions())
+			if r != nil {
+				_ = r.Close()
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, runstate.ErrInvalid)
+			assert.Contains(t, err.Error(), own)
+			assert.Contains(t, err.Error(), "symbolic link")
+			entries, err := os.ReadDir(outside)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "nothing was made outside the working directory")
+			assert.Empty(t, mem.Lines(), "nothing was recorded")
+		})
+	}
 }
