@@ -26,9 +26,10 @@ ROOT (default: the current directory) and prints one line for each: the
 directory, its request, progress (done/planned stages), its state, the
 first thing that blocks it, and the age of its last ledger record. A
 working directory of a run kept elsewhere (its logs/run.json names the
-run's address: a run in PostgreSQL) has a line too, read from that
-address by the runstate command built with pgstore (with another command,
-its line says which command reads it).
+run's address: a run in PostgreSQL) has a line too, in the state
+elsewhere, with the address; ls does not read that run (the file could
+name any server, and connecting would send it your password): 'runstate
+status DIR' or 'runstate ls ADDRESS' does.
 
 A ROOT may also be the address of a store that holds runs, where the
 command reads one (the runstate command built with pgstore: a database,
@@ -45,6 +46,7 @@ The states, in the order ls sorts them:
   running   a live session is running a stage (this wins over failed
             and stopped)
   finished  every planned stage is done
+  elsewhere a working directory of a run kept at another address
 
 Ls descends at most -depth directories below a root, not into a run
 directory, not through symbolic links, and not into .git or node_modules;
@@ -93,7 +95,7 @@ type lsRun struct {
 }
 
 // lsRank orders the states: what needs a person first.
-var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "running": 4, "finished": 5}
+var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "running": 4, "finished": 5, "elsewhere": 6}
 
 func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 	var dirs, workDirs []string
@@ -157,7 +159,7 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		runs = append(runs, lsOne(ctx, &dirSource{dir: d}, now))
 	}
 	for _, d := range workDirs {
-		runs = append(runs, c.lsWorkDir(ctx, d, now))
+		runs = append(runs, lsWorkDir(d))
 	}
 	if runs == nil {
 		runs = []lsRun{} // -json: [], not null
@@ -199,6 +201,8 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		switch {
 		case r.Error != "":
 			blocker = oneLine(lsReason(r), 60)
+		case r.State == "elsewhere":
+			blocker = oneLine("run kept at "+r.Address, 60)
 		case r.Blocker != nil:
 			what := r.Blocker.Stage
 			if what == "" {
@@ -238,29 +242,15 @@ func (c *cli) lister(arg string) Lister {
 	return c.lists[s]
 }
 
-// lsWorkDir reads, for ls, the run that the working directory dir belongs
-// to, at the address its logs/run.json names, through the Opener of the
-// address's scheme: the line is dir's, with the run's address. Without
-// an Opener, or when the run cannot be read, it is an error line that
-// says why.
-func (c *cli) lsWorkDir(ctx context.Context, dir string, now time.Time) lsRun {
+// lsWorkDir is ls's line for the working directory dir of a run kept
+// elsewhere: its state is "elsewhere" and its address the one dir's
+// logs/run.json names. ls does not read that run: the file could name
+// any server, and connecting would hand it this user's password
+// (PGPASSWORD, ~/.pgpass) for a directory ls merely walked past.
+// 'runstate status DIR' reads it, when asked to.
+func lsWorkDir(dir string) lsRun {
 	addr, _ := workDirOf(dir)
-	if s, _ := scheme(addr); c.sources[s] == nil {
-		hint := "the runstate command that reads its store does"
-		if s == "postgres" || s == "postgresql" {
-			hint = "the one built from pgstore does (" + pgCommand + ")"
-		}
-		return lsRun{Dir: dir, Address: Redact(addr), State: "error",
-			Error: fmt.Sprintf("this command cannot read its run, at %s (logs/run.json): %s", Redact(addr), hint)}
-	}
-	src, err := c.open(ctx, dir)
-	if err != nil {
-		return lsRun{Dir: dir, Address: Redact(addr), State: "error", Error: err.Error()}
-	}
-	defer src.Close()
-	r := lsOne(ctx, src, now)
-	r.Dir, r.Address = dir, src.Name()
-	return r
+	return lsRun{Dir: dir, Address: Redact(addr), State: "elsewhere"}
 }
 
 // lsOne reads the run src for ls.

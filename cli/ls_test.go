@@ -123,64 +123,48 @@ func TestLsListsTheRunsOfARegisteredStore(t *testing.T) {
 }
 
 // ls lists a working directory of a run kept elsewhere (its logs/run.json
-// names the address) under the directory, read from the address through
-// the Opener of its scheme, with the address; it does not descend into
-// it. A command without that Opener lists it as an error line that says
-// which command reads it (exit 1), instead of leaving it out.
+// names the address) under the directory, in the state elsewhere, with
+// the address, and does not descend into it. It does not read the run:
+// the file could name any server, and connecting would send it the
+// user's password. The same with and without an Opener for the scheme.
 func TestLsListsWorkingDirectoriesOfRunsKeptElsewhere(t *testing.T) {
-	awaiting := awaitingRun(t) // what the address serves
 	root := t.TempDir()
+	finished := filepath.Join(root, "fin")
+	require.Equal(t, 0, runCLI(t, "plan", finished, "-request", "a finished run", "x").code)
+	require.Equal(t, 0, runCLI(t, "skip", finished, "x", "-reason", "nothing to do").code)
 	work := filepath.Join(root, "machine", "work")
 	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"), []byte(`{"address":"mem://db?run=billing"}`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"), []byte(`{"address":"mem://agent:secret@db?run=billing"}`), 0o644))
 	// An output directory inside the working directory that looks like a
 	// run directory: ls does not descend into a working directory.
 	inner := filepath.Join(work, "artifacts", "copy")
 	require.NoError(t, os.MkdirAll(filepath.Join(inner, "logs"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(inner, "logs", "ledger.jsonl"), nil, 0o644))
-	opened, closed := 0, 0
+	opened := 0
 	o := &Options{Sources: map[string]Opener{"mem": func(_ context.Context, addr string) (Source, error) {
 		opened++
-		if addr != "mem://db?run=billing" {
-			return nil, fmt.Errorf("mem: no run at %s", addr)
-		}
-		return &closeCounter{renamedDir: renamedDir{dirSource: dirSource{dir: awaiting}, name: addr}, closed: &closed}, nil
+		return nil, fmt.Errorf("mem: not to be opened: %s", addr)
 	}}}
-	var out, errb bytes.Buffer
-	code := Run([]string{"ls", "-json", root}, &out, &errb, o)
-	assert.Equal(t, exitBlocked, code, errb.String())
-	var runs []lsRun
-	require.NoError(t, json.Unmarshal(out.Bytes(), &runs), out.String())
-	require.Len(t, runs, 1, out.String())
-	assert.Equal(t, work, runs[0].Dir)
-	assert.Equal(t, "mem://db?run=billing", runs[0].Address)
-	assert.Equal(t, "blocked", runs[0].State)
-	assert.Equal(t, request, runs[0].Request)
-	assert.Equal(t, 1, opened)
-	assert.Equal(t, 1, closed, "the Source is closed")
+	for _, opts := range []*Options{o, nil} {
+		var out, errb bytes.Buffer
+		code := Run([]string{"ls", "-json", root}, &out, &errb, opts)
+		assert.Equal(t, exitOK, code, errb.String())
+		var runs []lsRun
+		require.NoError(t, json.Unmarshal(out.Bytes(), &runs), out.String())
+		require.Len(t, runs, 2, out.String())
+		assert.Equal(t, finished, runs[0].Dir, "finished sorts before elsewhere")
+		assert.Equal(t, work, runs[1].Dir)
+		assert.Equal(t, "elsewhere", runs[1].State)
+		assert.Equal(t, "mem://agent:xxxxx@db?run=billing", runs[1].Address, "the address, without its password")
+		assert.Empty(t, runs[1].Error)
 
-	res := runCLI(t, "ls", root)
-	assert.Equal(t, exitFail, res.code, res.err)
-	assert.Contains(t, res.out, work)
-	assert.Contains(t, res.out, "error")
-	assert.Contains(t, res.out, "this command cannot read its run, at mem://db?run=billing")
-	res = runCLI(t, "ls", "-json", root)
-	runs = nil
-	require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
-	require.Len(t, runs, 1, res.out)
-	assert.Equal(t, "mem://db?run=billing", runs[0].Address)
-	assert.Contains(t, runs[0].Error, "the runstate command that reads its store does")
-}
-
-// closeCounter is a renamedDir that counts its Close calls.
-type closeCounter struct {
-	renamedDir
-	closed *int
-}
-
-func (c *closeCounter) Close() error {
-	*c.closed++
-	return c.renamedDir.Close()
+		out.Reset()
+		code = Run([]string{"ls", root}, &out, &errb, opts)
+		assert.Equal(t, exitOK, code, errb.String())
+		assert.Contains(t, out.String(), "elsewhere  run kept at mem://agent:xxxxx@db?run=billing")
+		assert.NotContains(t, out.String(), "secret")
+	}
+	assert.Zero(t, opened, "ls did not open the run the working directory names")
 }
 
 // An error line's FIRST BLOCKER leaves out what the line shows already,

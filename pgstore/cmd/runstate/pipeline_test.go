@@ -72,20 +72,21 @@ func TestPipelineCommandsWorkOnAPostgreSQLRun(t *testing.T) {
 	}
 	assert.Equal(t, normal(t, runIn("status", "-json", dir).out), normal(t, runIn("status", "-json", w1).out), "status of the working directory reads the run")
 
-	// ls of the directory that holds w1 lists it as the run it is, read
-	// from the database: the line of the run directory's, with the
-	// address.
-	lsOf := func(root string) map[string]any {
+	// ls of the directory that holds w1 names the run's address, without
+	// reading it; ls of the address reads it: the run directory's line.
+	lsOf := func(root string, code int) map[string]any {
 		res := runIn("ls", "-json", root)
-		assert.Equal(t, 3, res.code, "blocked: the review awaits a person (%s)", res.err)
+		assert.Equal(t, code, res.code, res.err)
 		var runs []map[string]any
 		require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
 		require.Len(t, runs, 1, res.out)
 		return runs[0]
 	}
-	onDirLs, onPGLs := lsOf(filepath.Dir(dir)), lsOf(filepath.Dir(w1))
-	assert.Equal(t, w1, onPGLs["dir"])
-	assert.Contains(t, onPGLs["address"], "run=ship")
+	onWork := lsOf(filepath.Dir(w1), 0)
+	assert.Equal(t, w1, onWork["dir"])
+	assert.Equal(t, "elsewhere", onWork["state"])
+	require.Contains(t, onWork["address"], "run=ship")
+	onDirLs, onPGLs := lsOf(filepath.Dir(dir), 3), lsOf(onWork["address"].(string), 3)
 	for _, k := range []string{"request", "done", "planned", "state", "seq"} {
 		assert.Equal(t, onDirLs[k], onPGLs[k], "ls: %s", k)
 	}
