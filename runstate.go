@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"sync"
 	"time"
@@ -381,7 +382,15 @@ func (r *Run) lockContext(ctx context.Context) (context.Context, context.CancelF
 	return context.WithCancel(ctx)
 }
 
-// errNoRun is the message for a store that holds no record.
+// errNoRun is the error for a store that holds no record: it matches
+// fs.ErrNotExist (errors.Is), as Inspect's does for a run directory that
+// is not there.
 func errNoRun(s Store) error {
-	return fmt.Errorf("runstate: %s holds no record: the run was never created (open it with Options.Request to create it)", s)
+	return &noRunError{fmt.Sprintf("runstate: %s holds no record: the run was never created (open it with Options.Request to create it)", s)}
 }
+
+// noRunError is errNoRun's error.
+type noRunError struct{ msg string }
+
+func (e *noRunError) Error() string        { return e.msg }
+func (e *noRunError) Is(target error) bool { return target == fs.ErrNotExist }

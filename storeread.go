@@ -64,8 +64,9 @@ func inspect(ctx context.Context, s Store, dir string) (*Status, error) {
 // in Status.Torn. It writes nothing: for the file store, no repair of a
 // torn tail or of records only the journal holds, and no file or
 // directory created, not even a lock file. It fails with a *CorruptError
-// for damaged records and ErrVersion for an unknown format. Safe for
-// concurrent use, also while other sessions append.
+// for damaged records, ErrVersion for an unknown format, and an error
+// that matches fs.ErrNotExist (errors.Is) when s holds no record. Safe
+// for concurrent use, also while other sessions append.
 func InspectStore(ctx context.Context, s Store) (*Status, error) {
 	dir := s.String()
 	if ds, ok := s.(*dirStore); ok {

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/runstatetest"
 	"github.com/runstate/runstate/runstatetest/storetest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // memHarness runs the conformance suite on a MemStore: every session opens
@@ -329,4 +333,15 @@ func TestMemStoreHandoffSaysWhereItsRecordsAre(t *testing.T) {
 	if got := string(m.Handoff()); !strings.HasSuffix(got, text[strings.Index(text, "\nlook at:"):]) {
 		t.Errorf("the published handoff ends otherwise:\n%s", got)
 	}
+}
+
+// A store that holds no record is no run: InspectStore's error says so and
+// matches fs.ErrNotExist, as Inspect's does for a run directory that is
+// not there, so that a caller tells "no run here" from a damaged one.
+func TestInspectOfAnEmptyStoreIsNotExist(t *testing.T) {
+	_, err := runstate.InspectStore(context.Background(), runstatetest.NewMemStore().Session())
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	assert.Contains(t, err.Error(), "holds no record: the run was never created")
+	_, err = runstate.Inspect(filepath.Join(t.TempDir(), "none"))
+	require.ErrorIs(t, err, fs.ErrNotExist, "the same for a directory")
 }
