@@ -267,8 +267,21 @@ func (s *store) CheckWorkDir(dir, runID string) error {
 // name alone (runID nil) before it opens the run, so that a refused one
 // records nothing, not even its runs row. A run directory (it holds a
 // logs/ledger.jsonl) is refused too: the views would overwrite its own
-// logs/next-steps.txt and manifest.json.
+// logs/next-steps.txt and manifest.json; and so are a logs or logs/tmp
+// that is a symbolic link or no directory (ErrInvalid).
 func checkWorkDir(dir, schema, run string, runID *string) error {
+	for _, rel := range []string{"logs", "logs/tmp"} {
+		p := filepath.Join(dir, filepath.FromSlash(rel))
+		fi, err := os.Lstat(p)
+		switch {
+		case err != nil:
+		case fi.Mode()&fs.ModeSymlink != 0:
+			to, _ := os.Readlink(p)
+			return fmt.Errorf("%w: pgstore: %s is a symbolic link (to %q): the run's files in its working directory stay in it; replace the link with a directory, then run again", runstate.ErrInvalid, p, to)
+		case !fi.IsDir():
+			return fmt.Errorf("%w: pgstore: %s is %s, not a directory: move it away, then run again", runstate.ErrInvalid, p, kind(fi.Mode()))
+		}
+	}
 	if ledger := filepath.Join(dir, "logs", "ledger.jsonl"); exists(ledger) {
 		return fmt.Errorf("%w: pgstore: %s is a run directory, not a working directory: %s holds the records of a run kept in files, whose logs/next-steps.txt and manifest.json the views of run %q in schema %s would overwrite; give that run a working directory of its own",
 			runstate.ErrMismatch, dir, ledger, run, schema)
@@ -292,6 +305,21 @@ func checkWorkDir(dir, schema, run string, runID *string) error {
 func otherRun(dir, path string, rj runJSON, this string) error {
 	return fmt.Errorf("%w: pgstore: %s is the working directory of another run: %s names run %q (id %s) at %s; %s: give each run a working directory of its own (or, if that run is done with, remove %s)",
 		runstate.ErrMismatch, dir, path, rj.Run, rj.ID, rj.Address, this, path)
+}
+
+// kind names what a file of mode m is, for messages.
+func kind(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "a regular file"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	}
+	return "not a regular file"
 }
 
 // exists tells whether path names a file of any kind (a symbolic link

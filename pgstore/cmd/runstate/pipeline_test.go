@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
 	"github.com/runstate/runstate/pgstore"
@@ -137,6 +138,22 @@ func mustJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
+// runOne makes run "one" (Request "the first run") in a schema of the
+// test's own, with its working directory w, and returns the schema's DSN
+// and a DB on it, closed at the test's end.
+func runOne(t *testing.T) (dsn string, db *pgstore.DB, w string) {
+	t.Helper()
+	dsn = testDSN(t)
+	db, err := pgstore.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	w = filepath.Join(t.TempDir(), "w")
+	r, err := db.Open(context.Background(), "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	return dsn, db, w
+}
+
 // reIn is the address in a pipeline command's "(ledger seq N in ADDRESS)".
 var reIn = regexp.MustCompile(` in postgres://[^)\s]*\)`)
 
@@ -145,15 +162,8 @@ var reIn = regexp.MustCompile(` in postgres://[^)\s]*\)`)
 // is made, not even the run's name), an address given as DIR, -at with a
 // run directory, and a working directory of another run.
 func TestPipelineCommandsOnPostgreSQLRefuseWhatIsNotTheirs(t *testing.T) {
-	dsn := testDSN(t)
+	dsn, db, w := runOne(t)
 	ctx := context.Background()
-	db, err := pgstore.Connect(ctx, dsn)
-	require.NoError(t, err)
-	defer db.Close()
-	w := filepath.Join(t.TempDir(), "w")
-	r, err := db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
-	require.NoError(t, err)
-	require.NoError(t, r.Close())
 
 	res := runIn("exec", filepath.Join(t.TempDir(), "new"), "build", "-at", address(dsn, "missing"), "--", "true")
 	assert.Equal(t, 2, res.code, res.err)
@@ -192,6 +202,95 @@ func TestPipelineCommandsOnPostgreSQLRefuseWhatIsNotTheirs(t *testing.T) {
 	res = runIn("plan", w, "a")
 	assert.Equal(t, 0, res.code, res.err)
 	assert.Contains(t, res.out, "planned 1 stage(s): a (ledger seq ")
+}
+
+// The refusals that come before anything connects or is written (found
+// in review): a working directory of another run, given -at another
+// run's address in a schema that does not exist, refused before Connect
+// would create it (and without -request, with the mismatch, not "give
+// -request"); the same run's name on another server; a logs that is a
+// symbolic link out of the directory or a file (nothing made outside, no
+// run's row). A schema that is not there, and a run's row that an Open
+// refused before its first record left, are "no run": exit 2, saying
+// to give -request.
+func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
+	dsn, db, w := runOne(t)
+	ctx := context.Background()
+	pc, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	defer pc.Close(ctx)
+	schemaExists := func(name string) bool {
+		var n int
+		require.NoError(t, pc.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", name).Scan(&n))
+		return n == 1
+	}
+	// A schema that does not exist: the test's own, with a suffix.
+	freshSchema := db.Schema() + "_fresh"
+	fresh := strings.Replace(dsn, "schema="+db.Schema(), "schema="+freshSchema, 1)
+	require.NotEqual(t, dsn, fresh)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), os.Getenv("RUNSTATE_PG_DSN"))
+		if err == nil {
+			_, err = c.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{freshSchema}.Sanitize()+" CASCADE")
+			c.Close(context.Background())
+		}
+		if err != nil {
+			t.Errorf("drop schema %s: %v", freshSchema, err)
+		}
+	})
+
+	for _, request := range []string{"the second run", ""} {
+		res := runIn("plan", w, "a", "-at", address(fresh, "two"), "-request", request)
+		assert.Equal(t, 125, res.code, res.err)
+		assert.Contains(t, res.err, `is the working directory of another run: its logs/run.json names run "one" in schema `)
+		assert.NotContains(t, res.err, "give -request")
+		assert.False(t, schemaExists(freshSchema), "no schema was made")
+	}
+
+	other := strings.Replace(address(dsn, "one"), "@127.0.0.1:", "@127.0.0.2:", 1)
+	require.NotEqual(t, other, address(dsn, "one"), "the test's server is on 127.0.0.1")
+	res := runIn("plan", w, "a", "-at", other, "-request", "the first run")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, `is the working directory of another run: its logs/run.json names run "one" at 127.0.0.1:`)
+	assert.Contains(t, res.err, "leave out -at")
+
+	res = runIn("exec", filepath.Join(t.TempDir(), "n"), "a", "-at", address(fresh, "x"), "--", "true")
+	assert.Equal(t, 2, res.code, res.err)
+	assert.Contains(t, res.err, "give -request TEXT to create the run (and the schema)")
+	assert.False(t, schemaExists(freshSchema), "no schema was made")
+
+	// A runs row without a record: an Open refused for want of a Request.
+	_, err = runstate.OpenStore(db.Store("ghost"), t.TempDir(), &runstate.Options{})
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	res = runIn("exec", filepath.Join(t.TempDir(), "g"), "a", "-at", address(dsn, "ghost"), "--", "true")
+	assert.Equal(t, 2, res.code, res.err)
+	assert.Contains(t, res.err, `holds no run "ghost"`)
+	assert.Contains(t, res.err, "give -request TEXT to create it")
+
+	for _, kind := range []string{"link", "file"} {
+		dir := filepath.Join(t.TempDir(), kind)
+		require.NoError(t, os.Mkdir(dir, 0o755))
+		outside := filepath.Join(t.TempDir(), "outside")
+		require.NoError(t, os.Mkdir(outside, 0o755))
+		if kind == "link" {
+			require.NoError(t, os.Symlink(outside, filepath.Join(dir, "logs")))
+		} else {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "logs"), nil, 0o644))
+		}
+		res = runIn("plan", dir, "a", "-at", address(dsn, "logs-"+kind), "-request", "r")
+		assert.Equal(t, 2, res.code, res.err)
+		if kind == "link" {
+			assert.Contains(t, res.err, "is a symbolic link")
+		} else {
+			assert.Contains(t, res.err, "is a regular file, not a directory")
+		}
+		entries, err := os.ReadDir(outside)
+		require.NoError(t, err)
+		assert.Empty(t, entries, "nothing made outside the working directory")
+		var rows int
+		require.NoError(t, pc.QueryRow(ctx, "SELECT count(*) FROM "+db.Schema()+".runs WHERE name = $1", "logs-"+kind).Scan(&rows))
+		assert.Zero(t, rows, "no run's row")
+	}
 }
 
 // waitFile waits up to a minute (a busy machine) for path to exist.
