@@ -212,8 +212,8 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 			s, ok := scheme(*at)
 			msg := fmt.Sprintf("-at %s: this runstate command keeps runs in directories only; leave out -at to use %s as a run directory", Redact(*at), p)
 			switch {
-			case !ok:
-				msg = fmt.Sprintf("-at %s is not a run address (SCHEME://...): give the address of the run that %s is a working directory of, e.g. postgres://agent@db:5432/agents?run=NAME, or leave out -at to use %s as a run directory", Redact(*at), p, p)
+			case !ok: // not shown: it could be a key=value DSN with a password
+				msg = fmt.Sprintf("-at: what was given is not a run address (SCHEME://...): give the address of the run that %s is a working directory of, e.g. postgres://agent@db:5432/agents?run=NAME, or leave out -at to use %s as a run directory", p, p)
 			case len(c.runners) > 0:
 				msg = fmt.Sprintf("-at %s: this runstate command keeps no runs at %s:// addresses; leave out -at to use %s as a run directory", Redact(*at), s, p)
 			case s == "postgres" || s == "postgresql":

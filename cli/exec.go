@@ -287,6 +287,13 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 	if addr != "" {
 		return c.openAt(name, dir, addr, opts)
 	}
+	_, noLedger := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl"))
+	if _, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))); err == nil && noLedger != nil {
+		// A working directory whose logs/run.json names no address any
+		// more (emptied by a crash, edited): runstate.Open would start a
+		// second run in files beside the one it was for.
+		return nil, c.usageError(name, fmt.Sprintf("%s has a %s that names no run address (empty, damaged or not a regular file): if %s is the working directory of a run kept elsewhere, give -at ADDRESS (that run's address); else use another directory", dir, runstate.WorkDirFile, dir))
+	}
 	if request == "" {
 		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
 			return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, filepath.Join(dir, "logs", "ledger.jsonl")))

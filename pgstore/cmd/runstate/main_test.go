@@ -433,6 +433,11 @@ func TestSplitRun(t *testing.T) {
 	assert.NotContains(t, err.Error(), "secret")
 	_, _, err = splitRun("postgres://u:pw@h/db?run=")
 	assert.ErrorContains(t, err, "postgres://u:xxxxx@h/db?run= names no run: add ?run=NAME")
+	// The scheme in any case, as the command matches it: lower case for pgx.
+	dsn, run, err = splitRun("PostgreSQL://u@h/db?run=b")
+	require.NoError(t, err)
+	assert.Equal(t, "postgresql://u@h/db", dsn)
+	assert.Equal(t, "b", run)
 }
 
 // TestVerifyBlobsRehashesTheStoredOutputs: 'runstate verify -blobs ADDR'

@@ -218,8 +218,13 @@ func splitRun(addr string) (dsn, run string, err error) {
 }
 
 // cutRun is splitRun for an address that may name no run (ls lists a
-// database's runs): run is then "".
+// database's runs): run is then "". The scheme comes back in lower case
+// (POSTGRES:// is postgres://, as the command matched it), which pgx
+// needs to read the DSN as a URL.
 func cutRun(addr string) (dsn, run string, err error) {
+	if scheme, rest, ok := strings.Cut(addr, "://"); ok {
+		addr = strings.ToLower(scheme) + "://" + rest
+	}
 	base, query, _ := strings.Cut(addr, "?")
 	rest, run, _, err := dsnparam.Cut(query, "run")
 	switch {
