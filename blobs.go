@@ -175,24 +175,41 @@ func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
 // restoreOutputs restores a done stage's outputs whose local copy is
 // missing or altered (reason, from outputs.check) from the store's bytes.
 // It returns "" when the local copies are as recorded now, else why the
-// stage must run again (the reason, or that the store lacks the bytes).
-func (r *Run) restoreOutputs(ctx context.Context, outs []Output, reason string) string {
+// stage must run again (the reason, or that the store lacks the bytes or
+// holds others than the record's). Bytes that cannot be written here (a
+// link out of the directory, no permission, a full disk) or read from
+// the store now are an error: the stage is done for the run's other
+// sessions, and a new attempt from this one would record a failure for
+// them all, for a fault of this directory's or of this moment's.
+func (r *Run) restoreOutputs(ctx context.Context, stage string, outs []Output, reason string) (string, error) {
 	bs := r.store.Blobs()
 	if bs == nil || reason == "" {
-		return reason
+		return reason, nil
 	}
 	for _, o := range outs {
 		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
 			continue
 		}
 		if err := r.fetchOutput(ctx, bs, o); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return fmt.Sprintf("output %s missing from the shared store", o.Path)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				return fmt.Sprintf("output %s missing from the shared store", o.Path), nil
+			case errors.Is(err, ErrCorrupt):
+				r.log.Warn("runstate: the store's bytes of an output are not the recorded ones: the stage runs again", "output", o.Path, "store", r.store.String(), "err", err)
+				return reason, nil
 			}
-			r.log.Warn("runstate: could not restore an output from the store", "output", o.Path, "store", r.store.String(), "err", err)
-			return reason
+			return "", fmt.Errorf("%w (stage %s is complete: nothing was recorded; %s)", err, stage, restoreAdvice(err))
 		}
 		r.log.Info("runstate: restored an output from the store", "output", o.Path, "store", r.store.String())
 	}
-	return r.out.check(outs)
+	return r.out.check(outs), nil
+}
+
+// restoreAdvice says what to do about an output that could not be
+// restored.
+func restoreAdvice(err error) string {
+	if errors.Is(err, ErrInvalid) {
+		return "fix this working directory (the output's path must stay inside it), then run again"
+	}
+	return "run again once the cause is gone"
 }

@@ -290,7 +290,13 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 // fingerprints, every recorded output present with its recorded hash, and
 // not expired. When the evidence does not hold, Begin records why
 // (invalidate, with a reason such as "input src/parser.go changed") and
-// begins the stage again.
+// begins the stage again. In a store that keeps outputs' bytes
+// (Store.Blobs: pgstore), an output missing or altered in the local
+// directory is restored from them first; one the store has no bytes of
+// (or others than recorded) makes the stage run again, and one that
+// cannot be written here or read now is an error, with nothing recorded
+// (ErrInvalid for a path that leads out of the directory): the stage
+// stays complete for the run's other sessions.
 //
 // Begin fails with ErrBusy when a live session runs the stage, with
 // ErrNeedsPerson when it awaits a person, with ErrFatal after a fatal
@@ -327,7 +333,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		r.stMu.RUnlock()
 		outReason := ""
 		if seen != 0 {
-			outReason = r.restoreOutputs(ctx, outs, r.out.check(outs)) // blobs.go
+			if outReason, err = r.restoreOutputs(ctx, name, outs, r.out.check(outs)); err != nil { // blobs.go
+				return nil, err
+			}
 		}
 		var fps map[string]string
 		var attempt int

@@ -96,6 +96,47 @@ func TestDoneStageOutputRestoredFromTheStore(t *testing.T) {
 	assert.Equal(t, runstate.StateComplete, st.Stages[0].State)
 }
 
+// A done stage whose output cannot be restored in this working directory
+// (its directory is a link out of it) is not begun again from here: Do
+// fails, saying so, with nothing recorded and nothing written outside; the
+// stage stays complete for the run's other sessions (found in review: a
+// new attempt from the broken directory failed the shared stage).
+func TestDoneStageOutputThatCannotBeRestoredHereIsNoNewAttempt(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	opts := &runstate.Options{Request: "restore elsewhere"}
+	a, err := db.Open(ctx, "r", t.TempDir(), opts)
+	require.NoError(t, err)
+	runs := 0
+	stage := func(ctx context.Context, st *runstate.Stage) error {
+		runs++
+		return st.WriteFile("out/a.txt", []byte("the result\n"))
+	}
+	require.NoError(t, a.Do(ctx, "a", stage))
+	require.NoError(t, a.Close())
+
+	dirB, outside := t.TempDir(), t.TempDir()
+	require.NoError(t, os.Symlink(outside, filepath.Join(dirB, "out")))
+	b, err := db.Open(ctx, "r", dirB, opts)
+	require.NoError(t, err)
+	defer b.Close()
+	before := runRecords(t, db, "r")
+	err = b.Do(ctx, "a", stage)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "stage a is complete: nothing was recorded; fix this working directory")
+	assert.Equal(t, 1, runs, "the stage function did not run")
+	assert.Equal(t, before, runRecords(t, db, "r"), "nothing was recorded")
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written outside the working directory")
+	st, err := db.Inspect(ctx, "r")
+	require.NoError(t, err)
+	s, _ := st.Stage("a")
+	assert.Equal(t, runstate.StateComplete, s.State)
+	assert.Equal(t, 1, s.Attempt)
+}
+
 func TestOutputOverMaxBlobRefusedClearly(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
