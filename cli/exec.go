@@ -292,7 +292,11 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 		// A working directory whose logs/run.json names no address any
 		// more (emptied by a crash, edited): runstate.Open would start a
 		// second run in files beside the one it was for.
-		return nil, c.usageError(name, fmt.Sprintf("%s has a %s that names no run address (empty, damaged or not a regular file): if %s is the working directory of a run kept elsewhere, give -at ADDRESS (that run's address); else use another directory", dir, runstate.WorkDirFile, dir))
+		with := ""
+		if len(c.runners) == 0 {
+			with = ", with the runstate command that works on runs kept there (PostgreSQL: " + pgCommand + ")"
+		}
+		return nil, c.usageError(name, fmt.Sprintf("%s has a %s that names no run address (empty, damaged or not a regular file): if %s is the working directory of a run kept elsewhere, give -at ADDRESS (that run's address)%s; else use another directory", dir, runstate.WorkDirFile, dir, with))
 	}
 	if request == "" {
 		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {

@@ -128,6 +128,7 @@ func TestPipelineCommandsOpenARunOfARegisteredStore(t *testing.T) {
 		assert.Equal(t, exitUsage, res.code, args)
 		assert.Contains(t, res.err, "has a logs/run.json that names no run address (empty, damaged or not a regular file)", args)
 		assert.Contains(t, res.err, "give -at ADDRESS", args)
+		assert.Contains(t, res.err, pgCommand, "the directory command says which command takes -at")
 		assert.NoFileExists(t, filepath.Join(damaged, "logs", "ledger.jsonl"), "no run in files was started there")
 	}
 	res = run("status", w1, "-at", "mem://ship")

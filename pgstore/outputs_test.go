@@ -137,6 +137,35 @@ func TestDoneStageOutputThatCannotBeRestoredHereIsNoNewAttempt(t *testing.T) {
 	assert.Equal(t, 1, s.Attempt)
 }
 
+// A done stage whose output's bytes in the database are not the
+// recorded ones (a byte of a blob changed) cannot be restored from them:
+// the stage runs again, instead of an error from Begin.
+func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "altered bytes"})
+	require.NoError(t, err)
+	defer r.Close()
+	big := bigOutput()
+	runs := 0
+	stage := func(ctx context.Context, st *runstate.Stage) error {
+		runs++
+		return st.WriteFile("out/big.bin", big)
+	}
+	require.NoError(t, r.Do(ctx, "a", stage))
+	tag, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sumOf(big))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.NoError(t, os.Remove(filepath.Join(dir, "out", "big.bin")))
+
+	require.NoError(t, r.Do(ctx, "a", stage), "not an error: the stage runs again")
+	assert.Equal(t, 2, runs)
+	got, err := os.ReadFile(filepath.Join(dir, "out", "big.bin"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(big, got))
+}
+
 func TestOutputOverMaxBlobRefusedClearly(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()

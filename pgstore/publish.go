@@ -261,6 +261,25 @@ func (s *store) CheckWorkDir(dir, runID string) error {
 	return checkWorkDir(dir, s.db.schema, s.name, &runID)
 }
 
+// CheckWorkDir refuses, without connecting, a working directory that
+// DB.Open refuses for the run named run in schema (DefaultSchema when
+// empty) before it opens the run: a run directory (logs/ledger.jsonl), a
+// logs or logs/tmp that is a symbolic link or no directory, a
+// logs/run.json that is no regular file, or one that names another run
+// (by name or schema), each with an error that says what to do. It reads
+// the directory and writes nothing. A program about to create a schema
+// with Connect only to have Open refuse the directory calls it first.
+// Safe for concurrent use.
+func CheckWorkDir(workDir, schema, run string) error {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := checkRunName(run); err != nil {
+		return err
+	}
+	return checkWorkDir(workDir, schema, run, nil)
+}
+
 // checkWorkDir refuses a working directory whose logs/run.json names a
 // run other than run in schema, or, when runID is not nil, this run with
 // another id than *runID ("": a run not yet created). DB.Open checks the

@@ -194,3 +194,36 @@ func workDirOfRunA(t *testing.T) (*DB, string, string) {
 	require.NoError(t, a.Close())
 	return db, dir, id
 }
+
+// CheckWorkDir refuses, without a server, the working directories DB.Open
+// refuses before it opens a run, and lets a new or this run's directory
+// through.
+func TestCheckWorkDirWithoutAServer(t *testing.T) {
+	fresh := t.TempDir()
+	require.NoError(t, CheckWorkDir(fresh, "", "r"), "a new directory")
+	require.NoError(t, CheckWorkDir(filepath.Join(fresh, "not-yet"), "", "r"), "a directory Open would make")
+
+	mine := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(mine, "logs"), 0o755))
+	rj, err := json.Marshal(runJSON{Store: "postgres", Address: "postgres://h/db?run=r", Schema: DefaultSchema, Run: "r", ID: "0190a0a0-0000-7000-8000-000000000001"})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(mine, "logs", "run.json"), rj, 0o644))
+	require.NoError(t, CheckWorkDir(mine, "", "r"), "this run's directory")
+	err = CheckWorkDir(mine, "", "other")
+	require.ErrorIs(t, err, runstate.ErrMismatch)
+	assert.Contains(t, err.Error(), "or, if that run is done with, remove")
+	require.ErrorIs(t, CheckWorkDir(mine, "elsewhere", "r"), runstate.ErrMismatch, "another schema")
+
+	runDir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(runDir, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(runDir, "logs", "ledger.jsonl"), nil, 0o644))
+	require.ErrorIs(t, CheckWorkDir(runDir, "", "r"), runstate.ErrMismatch, "a run directory")
+
+	fileLogs := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(fileLogs, "logs"), nil, 0o644))
+	err = CheckWorkDir(fileLogs, "", "r")
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "is a regular file, not a directory")
+
+	require.ErrorIs(t, CheckWorkDir(fresh, "", " r"), runstate.ErrInvalid, "a bad run name")
+}

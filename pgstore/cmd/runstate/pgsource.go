@@ -9,11 +9,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"slices"
+	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
 	"github.com/runstate/runstate/pgstore"
@@ -50,43 +49,66 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 }
 
 // runPG opens, for a pipeline command, a session on the run addr names
-// with workDir as its working directory (cli.Runner). A working directory
-// of another run is refused first, before anything connects. With
-// opts.Request it connects with Connect, which creates or upgrades the
-// schema, and DB.Open creates the run when it is not there; without, it
-// connects read-only and the run must exist (checked before anything is
-// written: a refused Open would leave the run's name behind). release
-// closes the connection pool.
+// with workDir as its working directory (cli.Runner). What is refused is
+// refused before anything is written: a working directory that DB.Open
+// would refuse (pgstore.CheckWorkDir), before connecting; one whose
+// logs/run.json names a run that is not at this address (another server
+// or database: the run's id decides, not how the host is spelt); and,
+// without opts.Request, a run that is not there (a refused Open would
+// leave its name behind). It connects read-only; with opts.Request, where
+// the schema is missing or older, with Connect, which creates or upgrades
+// it, and DB.Open creates the run when it is not there. release closes
+// the connection pool.
 func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*runstate.Run, func(), error) {
 	dsn, run, err := splitRun(addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %s", runstate.ErrInvalid, strings.TrimPrefix(err.Error(), "runstate: "))
 	}
-	if err := checkWorkDir(workDir, dsn, run); err != nil {
-		return nil, nil, err
+	name := cli.Redact(addr)
+	_, query, _ := strings.Cut(dsn, "?")
+	_, schema, _, err := dsnparam.Cut(query, "schema")
+	if err != nil || schema == "" {
+		schema = pgstore.DefaultSchema
 	}
-	connect := pgstore.ConnectReadOnly
-	if opts.Request != "" {
-		connect = pgstore.Connect
+	if err := pgstore.CheckWorkDir(workDir, schema, run); err != nil {
+		return nil, nil, fmt.Errorf("runstate: %s: %w", name, err)
 	}
-	db, err := connect(ctx, dsn)
-	if errors.Is(err, pgstore.ErrNoRun) { // no schema: no run
-		return nil, nil, fmt.Errorf("%w: %s: %v; give -request TEXT to create the run (and the schema)", runstate.ErrInvalid, cli.Redact(addr), err)
+	own := workDirRun(workDir)
+	notHere := func() error {
+		return fmt.Errorf("%w: %s is the working directory of run %q (id %s) at %s, which is not at %s: give this run a working directory of its own (or, if that run is done with, or moved to where it is no longer found this way, remove %s)",
+			runstate.ErrMismatch, workDir, run, own.ID, cli.Redact(own.Address), name, filepath.Join(workDir, filepath.FromSlash(runstate.WorkDirFile)))
+	}
+	db, err := pgstore.ConnectReadOnly(ctx, dsn)
+	switch {
+	case err == nil:
+	case errors.Is(err, pgstore.ErrNoRun) && own.ID != "": // no schema here
+		return nil, nil, notHere()
+	case errors.Is(err, pgstore.ErrNoRun) && opts.Request == "":
+		return nil, nil, fmt.Errorf("%w: %s: %v; to create the run there (and pgstore's tables in schema %s), give -request TEXT", runstate.ErrInvalid, name, err, schema)
+	case opts.Request != "" && (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, runstate.ErrVersion)):
+		db, err = pgstore.Connect(ctx, dsn)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+		return nil, nil, fmt.Errorf("runstate: %s: %w", name, err)
 	}
-	src := &pgSource{addr: cli.Redact(addr), run: run, db: db}
-	if opts.Request == "" {
-		if _, err := db.Inspect(ctx, run); err != nil {
+	src := &pgSource{addr: name, run: run, db: db}
+	if opts.Request == "" || own.ID != "" {
+		_, err := db.Inspect(ctx, run)
+		switch {
+		// No row, or the row of an Open refused before the run's first
+		// record: no run either way.
+		case (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist)) && own.ID != "":
 			defer db.Close()
-			// No row, or the row of an Open refused before the run's
-			// first record: no run either way.
-			if errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist) {
-				return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, src.addr, run, db.Schema(), src.others())
-			}
+			return nil, nil, notHere()
+		case errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist):
+			defer db.Close()
+			return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, name, run, db.Schema(), src.others())
+		case err != nil:
+			defer db.Close()
 			return nil, nil, src.wrap(err)
 		}
+		// Another id under the name (the run made again): DB.Open
+		// refuses the directory before recording anything.
 	}
 	r, err := db.Open(ctx, run, workDir, opts)
 	if err != nil {
@@ -96,61 +118,15 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 	return r, db.Close, nil
 }
 
-// checkWorkDir refuses workDir when its logs/run.json names another run
-// than run in the schema dsn names (by name or schema, as DB.Open does),
-// or one on another server or database, before Connect, which would
-// create that schema first. A file that cannot be read names no run:
-// DB.Open says what is wrong with it.
-func checkWorkDir(workDir, dsn, run string) error {
+// workDirRun is what workDir's logs/run.json says of its run (the zero
+// value when it says nothing: pgstore.CheckWorkDir refused what cannot
+// be read).
+func workDirRun(workDir string) (rj struct{ Run, Schema, Address, ID string }) {
 	data, err := runstate.ReadWorkDirFile(workDir)
-	if err != nil || data == nil {
-		return nil
+	if err != nil || data == nil || json.Unmarshal(data, &rj) != nil {
+		return rj
 	}
-	var rj struct{ Run, Schema, Address string }
-	if json.Unmarshal(data, &rj) != nil || rj.Run == "" {
-		return nil
-	}
-	_, query, _ := strings.Cut(dsn, "?")
-	_, schema, _, err := dsnparam.Cut(query, "schema")
-	if err != nil || schema == "" {
-		schema = pgstore.DefaultSchema
-	}
-	if rj.Run == run && rj.Schema == schema {
-		if there, here := serverOf(rj.Address), serverOf(dsn); there != "" && here != "" && there != here {
-			return fmt.Errorf("%w: %s is the working directory of another run: its %s names run %q at %s (%s); this run is at %s: give each run a working directory of its own (if that is the same server under another name, leave out -at: the directory's %s names the run)",
-				runstate.ErrMismatch, workDir, runstate.WorkDirFile, run, there, cli.Redact(rj.Address), here, runstate.WorkDirFile)
-		}
-		return nil
-	}
-	return fmt.Errorf("%w: %s is the working directory of another run: its %s names run %q in schema %s (%s); this run is %q in schema %s: give each run a working directory of its own",
-		runstate.ErrMismatch, workDir, runstate.WorkDirFile, rj.Run, rj.Schema, cli.Redact(rj.Address), run, schema)
-}
-
-// serverOf is the servers and database an address or DSN names
-// ("HOST:PORT,... /DATABASE"), as pgx reads it; "" when it does not parse.
-func serverOf(addr string) string {
-	dsn, _, err := cutRun(addr)
-	if err != nil {
-		return ""
-	}
-	base, query, _ := strings.Cut(dsn, "?")
-	if rest, _, _, err := dsnparam.Cut(query, "schema"); err == nil {
-		dsn = base
-		if rest != "" {
-			dsn += "?" + rest
-		}
-	}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return ""
-	}
-	hosts := []string{fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)}
-	for _, f := range cfg.Fallbacks {
-		hosts = append(hosts, fmt.Sprintf("%s:%d", f.Host, f.Port))
-	}
-	slices.Sort(hosts)
-	hosts = slices.Compact(hosts)
-	return strings.Join(hosts, ",") + "/" + cfg.Database
+	return rj
 }
 
 // listPG lists, for ls, the runs of the database and schema addr names,

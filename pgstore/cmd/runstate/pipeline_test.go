@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -242,21 +243,52 @@ func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 	for _, request := range []string{"the second run", ""} {
 		res := runIn("plan", w, "a", "-at", address(fresh, "two"), "-request", request)
 		assert.Equal(t, 125, res.code, res.err)
-		assert.Contains(t, res.err, `is the working directory of another run: its logs/run.json names run "one" in schema `)
+		assert.Contains(t, res.err, `is the working directory of another run`)
+		assert.Contains(t, res.err, `names run "one"`)
+		assert.Contains(t, res.err, "or, if that run is done with, remove "+filepath.Join(w, "logs", "run.json"))
 		assert.NotContains(t, res.err, "give -request")
 		assert.False(t, schemaExists(freshSchema), "no schema was made")
 	}
 
-	other := strings.Replace(address(dsn, "one"), "@127.0.0.1:", "@127.0.0.2:", 1)
-	require.NotEqual(t, other, address(dsn, "one"), "the test's server is on 127.0.0.1")
-	res := runIn("plan", w, "a", "-at", other, "-request", "the first run")
+	// The same server under another name is the same run (its id says
+	// so); a database where the run is not is another run's, refused
+	// before a schema is made there.
+	require.Contains(t, dsn, "@127.0.0.1:", "the test's server is on 127.0.0.1")
+	res := runIn("plan", w, "a", "-at", strings.Replace(address(dsn, "one"), "@127.0.0.1:", "@localhost:", 1), "-request", "the first run")
+	assert.Equal(t, 0, res.code, res.err)
+	otherDB := "t_other_" + strings.TrimPrefix(db.Schema(), "t_")
+	_, err = pc.Exec(ctx, "CREATE DATABASE "+otherDB)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), os.Getenv("RUNSTATE_PG_DSN"))
+		if err == nil {
+			_, err = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+otherDB+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+		if err != nil {
+			t.Errorf("drop database %s: %v", otherDB, err)
+		}
+	})
+	u, err := url.Parse(address(dsn, "one"))
+	require.NoError(t, err)
+	u.Path = "/" + otherDB
+	res = runIn("plan", w, "a", "-at", u.String(), "-request", "the first run")
 	assert.Equal(t, 125, res.code, res.err)
-	assert.Contains(t, res.err, `is the working directory of another run: its logs/run.json names run "one" at 127.0.0.1:`)
-	assert.Contains(t, res.err, "leave out -at")
+	assert.Contains(t, res.err, `is the working directory of run "one" (id `)
+	assert.Contains(t, res.err, "which is not at ")
+	ou, err := url.Parse(os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	ou.Path = "/" + otherDB
+	oc, err := pgx.Connect(ctx, ou.String())
+	require.NoError(t, err)
+	var schemas int
+	require.NoError(t, oc.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", db.Schema()).Scan(&schemas))
+	oc.Close(ctx)
+	assert.Zero(t, schemas, "no schema was made in the other database")
 
 	res = runIn("exec", filepath.Join(t.TempDir(), "n"), "a", "-at", address(fresh, "x"), "--", "true")
 	assert.Equal(t, 2, res.code, res.err)
-	assert.Contains(t, res.err, "give -request TEXT to create the run (and the schema)")
+	assert.Contains(t, res.err, "to create the run there (and pgstore's tables in schema "+freshSchema+"), give -request TEXT")
 	assert.False(t, schemaExists(freshSchema), "no schema was made")
 
 	// A runs row without a record: an Open refused for want of a Request.
@@ -279,6 +311,9 @@ func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 		}
 		res = runIn("plan", dir, "a", "-at", address(dsn, "logs-"+kind), "-request", "r")
 		assert.Equal(t, 2, res.code, res.err)
+		res2 := runIn("plan", dir, "a", "-at", address(fresh, "logs-"+kind), "-request", "r")
+		assert.Equal(t, 2, res2.code, res2.err)
+		assert.False(t, schemaExists(freshSchema), "no schema was made for a directory that is refused")
 		if kind == "link" {
 			assert.Contains(t, res.err, "is a symbolic link")
 		} else {
