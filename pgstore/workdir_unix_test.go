@@ -49,3 +49,33 @@ func TestOpenRefusesARunJSONThatIsNoRegularFile(t *testing.T) {
 		}
 	}
 }
+
+// CheckWorkDir, without a server, refuses a logs or logs/tmp that is a
+// symbolic link, and a logs/run.json that is a FIFO or a directory, as
+// DB.Open does, naming each.
+func TestCheckWorkDirRefusesLinksAndNonFiles(t *testing.T) {
+	for _, c := range []struct {
+		rel, want string
+		make      func(p string) error
+	}{
+		{"logs", "is a symbolic link", func(p string) error { return os.Symlink(t.TempDir(), p) }},
+		{"logs/tmp", "is a symbolic link", func(p string) error { return os.Symlink(t.TempDir(), p) }},
+		{"logs/run.json", "", func(p string) error { return syscall.Mkfifo(p, 0o644) }},
+		{"logs/run.json", "", func(p string) error { return os.Mkdir(p, 0o755) }},
+	} {
+		dir := t.TempDir()
+		p := filepath.Join(dir, filepath.FromSlash(c.rel))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, c.make(p))
+		done := make(chan error, 1)
+		go func() { done <- CheckWorkDir(dir, "", "r") }()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, runstate.ErrInvalid, c.rel)
+			assert.Contains(t, err.Error(), p, c.rel)
+			assert.Contains(t, err.Error(), c.want, c.rel)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: CheckWorkDir hangs", c.rel)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
 	"github.com/runstate/runstate/pgstore"
@@ -74,17 +75,40 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		return nil, nil, fmt.Errorf("runstate: %s: %w", name, err)
 	}
 	own := workDirRun(workDir)
-	notHere := func() error {
-		return fmt.Errorf("%w: %s is the working directory of run %q (id %s) at %s, which is not at %s: give this run a working directory of its own (or, if that run is done with, or moved to where it is no longer found this way, remove %s)",
-			runstate.ErrMismatch, workDir, run, own.ID, cli.Redact(own.Address), name, filepath.Join(workDir, filepath.FromSlash(runstate.WorkDirFile)))
+	// gone is the refusal for a directory whose run (own) is not at this
+	// address (what: "no schema S", "no run R in schema S"): another
+	// server or database, or a schema or run that was dropped. Nothing
+	// is written.
+	gone := func(what string) error {
+		rj := filepath.Join(workDir, filepath.FromSlash(runstate.WorkDirFile))
+		if opts.Request == "" {
+			return fmt.Errorf("%w: %s holds %s, and %s names run %q (id %s) at %s for this directory: if that run is gone, remove %s and give -request TEXT to create it anew; if it is kept elsewhere, give its address with -at (or none)",
+				runstate.ErrInvalid, name, what, rj, run, own.ID, cli.Redact(own.Address), rj)
+		}
+		return fmt.Errorf("%w: %s holds %s, and %s names run %q (id %s) at %s for this directory: -request would create the run anew here, with another id; if that run is gone, remove %s first; if it is kept elsewhere, give its address with -at (or none)",
+			runstate.ErrMismatch, name, what, rj, run, own.ID, cli.Redact(own.Address), rj)
 	}
+	noRun := fmt.Sprintf("no run %q in schema %s", run, schema)
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	switch {
 	case err == nil:
 	case errors.Is(err, pgstore.ErrNoRun) && own.ID != "": // no schema here
-		return nil, nil, notHere()
+		return nil, nil, gone("no schema " + schema)
 	case errors.Is(err, pgstore.ErrNoRun) && opts.Request == "":
 		return nil, nil, fmt.Errorf("%w: %s: %v; to create the run there (and pgstore's tables in schema %s), give -request TEXT", runstate.ErrInvalid, name, err, schema)
+	case errors.Is(err, runstate.ErrVersion) && opts.Request == "":
+		return nil, nil, fmt.Errorf("runstate: %s: %w; a pipeline command upgrades it when given -request TEXT (the run's request)", name, err)
+	case errors.Is(err, runstate.ErrVersion) && own.ID != "":
+		// An older schema: upgraded below only when the directory's run
+		// is in it (a query any version answers).
+		id, ierr := runIDAt(ctx, dsn, schema, run)
+		if ierr != nil {
+			return nil, nil, fmt.Errorf("runstate: %s: %w (and reading run %q's id: %v)", name, err, run, ierr)
+		}
+		if id != own.ID {
+			return nil, nil, gone(noRun)
+		}
+		fallthrough
 	case opts.Request != "" && (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, runstate.ErrVersion)):
 		db, err = pgstore.Connect(ctx, dsn)
 	}
@@ -99,7 +123,7 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		// record: no run either way.
 		case (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist)) && own.ID != "":
 			defer db.Close()
-			return nil, nil, notHere()
+			return nil, nil, gone(noRun)
 		case errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist):
 			defer db.Close()
 			return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, name, run, db.Schema(), src.others())
@@ -116,6 +140,38 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		return nil, nil, src.wrap(err)
 	}
 	return r, db.Close, nil
+}
+
+// runIDAt reads the id of run in schema at dsn on a connection of its
+// own, with a query any version of pgstore's schema answers (runs(id,
+// name) is in its first): "" when the run is not there.
+func runIDAt(ctx context.Context, dsn, schema, run string) (string, error) {
+	base, query, _ := strings.Cut(dsn, "?")
+	rest, _, _, err := dsnparam.Cut(query, "schema")
+	if err != nil {
+		return "", err
+	}
+	if rest != "" {
+		base += "?" + rest
+	}
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		return "", err
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var id string
+	err = conn.QueryRow(ctx, "SELECT id::text FROM "+pgx.Identifier{schema}.Sanitize()+".runs WHERE name = $1", run).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
 }
 
 // workDirRun is what workDir's logs/run.json says of its run (the zero

@@ -209,17 +209,16 @@ func TestPipelineCommandsOnPostgreSQLRefuseWhatIsNotTheirs(t *testing.T) {
 // in review): a working directory of another run, given -at another
 // run's address in a schema that does not exist, refused before Connect
 // would create it (and without -request, with the mismatch, not "give
-// -request"); the same run's name on another server; a logs that is a
-// symbolic link out of the directory or a file (nothing made outside, no
+// -request"); the same run on the same server under another host name,
+// which is no refusal; a logs that is a symbolic link out of the directory
+// or a file (nothing made outside, no
 // run's row). A schema that is not there, and a run's row that an Open
 // refused before its first record left, are "no run": exit 2, saying
 // to give -request.
 func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 	dsn, db, w := runOne(t)
 	ctx := context.Background()
-	pc, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
-	require.NoError(t, err)
-	defer pc.Close(ctx)
+	pc := adminConn(t)
 	schemaExists := func(name string) bool {
 		var n int
 		require.NoError(t, pc.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", name).Scan(&n))
@@ -251,48 +250,17 @@ func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 	}
 
 	// The same server under another name is the same run (its id says
-	// so); a database where the run is not is another run's, refused
-	// before a schema is made there.
+	// so).
 	require.Contains(t, dsn, "@127.0.0.1:", "the test's server is on 127.0.0.1")
 	res := runIn("plan", w, "a", "-at", strings.Replace(address(dsn, "one"), "@127.0.0.1:", "@localhost:", 1), "-request", "the first run")
 	assert.Equal(t, 0, res.code, res.err)
-	otherDB := "t_other_" + strings.TrimPrefix(db.Schema(), "t_")
-	_, err = pc.Exec(ctx, "CREATE DATABASE "+otherDB)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), os.Getenv("RUNSTATE_PG_DSN"))
-		if err == nil {
-			_, err = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+otherDB+" WITH (FORCE)")
-			c.Close(context.Background())
-		}
-		if err != nil {
-			t.Errorf("drop database %s: %v", otherDB, err)
-		}
-	})
-	u, err := url.Parse(address(dsn, "one"))
-	require.NoError(t, err)
-	u.Path = "/" + otherDB
-	res = runIn("plan", w, "a", "-at", u.String(), "-request", "the first run")
-	assert.Equal(t, 125, res.code, res.err)
-	assert.Contains(t, res.err, `is the working directory of run "one" (id `)
-	assert.Contains(t, res.err, "which is not at ")
-	ou, err := url.Parse(os.Getenv("RUNSTATE_PG_DSN"))
-	require.NoError(t, err)
-	ou.Path = "/" + otherDB
-	oc, err := pgx.Connect(ctx, ou.String())
-	require.NoError(t, err)
-	var schemas int
-	require.NoError(t, oc.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE nspname = $1", db.Schema()).Scan(&schemas))
-	oc.Close(ctx)
-	assert.Zero(t, schemas, "no schema was made in the other database")
-
 	res = runIn("exec", filepath.Join(t.TempDir(), "n"), "a", "-at", address(fresh, "x"), "--", "true")
 	assert.Equal(t, 2, res.code, res.err)
 	assert.Contains(t, res.err, "to create the run there (and pgstore's tables in schema "+freshSchema+"), give -request TEXT")
 	assert.False(t, schemaExists(freshSchema), "no schema was made")
 
 	// A runs row without a record: an Open refused for want of a Request.
-	_, err = runstate.OpenStore(db.Store("ghost"), t.TempDir(), &runstate.Options{})
+	_, err := runstate.OpenStore(db.Store("ghost"), t.TempDir(), &runstate.Options{})
 	require.ErrorIs(t, err, runstate.ErrInvalid)
 	res = runIn("exec", filepath.Join(t.TempDir(), "g"), "a", "-at", address(dsn, "ghost"), "--", "true")
 	assert.Equal(t, 2, res.code, res.err)
@@ -314,11 +282,12 @@ func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 		res2 := runIn("plan", dir, "a", "-at", address(fresh, "logs-"+kind), "-request", "r")
 		assert.Equal(t, 2, res2.code, res2.err)
 		assert.False(t, schemaExists(freshSchema), "no schema was made for a directory that is refused")
+		want := "is a regular file, not a directory"
 		if kind == "link" {
-			assert.Contains(t, res.err, "is a symbolic link")
-		} else {
-			assert.Contains(t, res.err, "is a regular file, not a directory")
+			want = "is a symbolic link"
 		}
+		assert.Contains(t, res.err, want)
+		assert.Contains(t, res2.err, want)
 		entries, err := os.ReadDir(outside)
 		require.NoError(t, err)
 		assert.Empty(t, entries, "nothing made outside the working directory")
@@ -326,6 +295,119 @@ func TestPipelineCommandsOnPostgreSQLRefuseBeforeWriting(t *testing.T) {
 		require.NoError(t, pc.QueryRow(ctx, "SELECT count(*) FROM "+db.Schema()+".runs WHERE name = $1", "logs-"+kind).Scan(&rows))
 		assert.Zero(t, rows, "no run's row")
 	}
+}
+
+// adminConn is a connection to the tests' server (RUNSTATE_PG_DSN), closed
+// at the test's end.
+func adminConn(t *testing.T) *pgx.Conn {
+	t.Helper()
+	pc, err := pgx.Connect(context.Background(), os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	t.Cleanup(func() { pc.Close(context.Background()) })
+	return pc
+}
+
+// withDB is dsn (a URL) with its database replaced by name.
+func withDB(t *testing.T, dsn, name string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
+
+// A working directory's run (its logs/run.json names it, with its id) is
+// looked for at the address given: where it is not (another database, or
+// its schema or run dropped), the command is refused with nothing
+// written, not even a schema upgraded: without -request exit 2, saying
+// to remove logs/run.json to make the run anew or to give its address;
+// with -request exit 125 (it would make the run anew, with another id).
+// An older schema is upgraded by -request when the directory's run is in
+// it or the directory is new, and without -request the advice says so.
+func TestPipelineCommandsOnPostgreSQLFindTheDirectorysRun(t *testing.T) {
+	dsn, db, w := runOne(t)
+	ctx := context.Background()
+	pc := adminConn(t)
+	otherDB := "t_other_" + strings.TrimPrefix(db.Schema(), "t_")
+	_, err := pc.Exec(ctx, "CREATE DATABASE "+otherDB)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), os.Getenv("RUNSTATE_PG_DSN"))
+		if err == nil {
+			_, err = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+otherDB+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+		if err != nil {
+			t.Errorf("drop database %s: %v", otherDB, err)
+		}
+	})
+	oc, err := pgx.Connect(ctx, withDB(t, os.Getenv("RUNSTATE_PG_DSN"), otherDB))
+	require.NoError(t, err)
+	defer oc.Close(ctx)
+	version := func(schema string) int {
+		var v int
+		err := oc.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+pgx.Identifier{schema}.Sanitize()+".schema_version").Scan(&v)
+		if err != nil {
+			return -1 // no schema
+		}
+		return v
+	}
+	other := withDB(t, address(dsn, "one"), otherDB) // same schema name, another database
+	refused := func(code int, what string, args ...string) {
+		t.Helper()
+		res := runIn(args...)
+		assert.Equal(t, code, res.code, "%v: %s", args, res.err)
+		assert.Contains(t, res.err, what, args)
+		assert.Contains(t, res.err, `names run "one" (id `, args)
+		assert.Contains(t, res.err, "remove "+filepath.Join(w, "logs", "run.json"), args)
+	}
+
+	// No schema there.
+	refused(2, "holds no schema "+db.Schema(), "exec", w, "a", "-at", other, "--", "true")
+	refused(125, "-request would create the run anew here, with another id", "exec", w, "a", "-at", other, "-request", "the first run", "--", "true")
+	assert.Equal(t, -1, version(db.Schema()), "no schema was made")
+
+	// The schema there, not the run.
+	odb, err := pgstore.Connect(ctx, withDB(t, dsn, otherDB))
+	require.NoError(t, err)
+	odb.Close()
+	refused(2, `holds no run "one" in schema `, "exec", w, "a", "-at", other, "--", "true")
+	refused(125, `holds no run "one" in schema `, "exec", w, "a", "-at", other, "-request", "the first run", "--", "true")
+	odb, err = pgstore.ConnectReadOnly(ctx, withDB(t, dsn, otherDB))
+	require.NoError(t, err)
+	names, err := odb.Runs(ctx)
+	odb.Close()
+	require.NoError(t, err)
+	assert.Empty(t, names, "no run was made there")
+
+	// An older schema there (version 3: migration 0004 undone).
+	_, err = oc.Exec(ctx, strings.ReplaceAll(`DROP INDEX {s}.outputs_inline;
+		ALTER TABLE {s}.outputs DROP CONSTRAINT outputs_data_sum, DROP CONSTRAINT outputs_blob_fkey, DROP COLUMN blob, DROP COLUMN data;
+		ALTER TABLE {s}.outputs ADD CONSTRAINT outputs_sha256_fkey FOREIGN KEY (sha256) REFERENCES {s}.blobs;
+		DELETE FROM {s}.schema_version WHERE version = 4`, "{s}", pgx.Identifier{db.Schema()}.Sanitize()))
+	require.NoError(t, err)
+	require.Equal(t, 3, version(db.Schema()))
+	refused(125, `holds no run "one" in schema `, "exec", w, "a", "-at", other, "-request", "the first run", "--", "true")
+	assert.Equal(t, 3, version(db.Schema()), "not upgraded for a directory that is refused")
+	res := runIn("exec", filepath.Join(t.TempDir(), "new"), "a", "-at", withDB(t, address(dsn, "new"), otherDB), "--", "true")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, "a pipeline command upgrades it when given -request TEXT")
+	assert.Equal(t, 3, version(db.Schema()))
+	res = runIn("exec", filepath.Join(t.TempDir(), "new"), "a", "-at", withDB(t, address(dsn, "new"), otherDB), "-request", "a new run", "--", "true")
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Equal(t, pgstore.SchemaVersion, version(db.Schema()), "upgraded by -request")
+
+	// The run's schema dropped at the address the directory names.
+	w2 := filepath.Join(t.TempDir(), "w2")
+	gone := strings.Replace(dsn, "schema="+db.Schema(), "schema="+db.Schema()+"_gone", 1)
+	res = runIn("plan", w2, "a", "-at", address(gone, "one"), "-request", "the first run")
+	require.Equal(t, 0, res.code, res.err)
+	_, err = pc.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{db.Schema() + "_gone"}.Sanitize()+" CASCADE")
+	require.NoError(t, err)
+	res = runIn("exec", w2, "a", "--", "true")
+	assert.Equal(t, 2, res.code, res.err)
+	assert.Contains(t, res.err, "holds no schema "+db.Schema()+"_gone")
+	assert.Contains(t, res.err, "if that run is gone, remove "+filepath.Join(w2, "logs", "run.json")+" and give -request TEXT to create it anew")
 }
 
 // waitFile waits up to a minute (a busy machine) for path to exist.
