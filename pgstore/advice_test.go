@@ -118,6 +118,7 @@ func TestAdviceForAClosedDBARunParameterAndAReservedSchema(t *testing.T) {
 		},
 		"Inspect": func() error { _, err := db.Inspect(ctx, "r"); return err },
 		"Runs":    func() error { _, err := db.Runs(ctx); return err },
+		"Has":     func() error { _, err := db.Has(ctx, "r"); return err },
 	} {
 		err := call()
 		require.Error(t, err, name)

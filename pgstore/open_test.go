@@ -42,7 +42,7 @@ func TestOpenRunsStagesAcrossTwoSessions(t *testing.T) {
 
 // Runs lists the runs that hold a record, by name: not the names whose
 // Open was refused before the first record (which leaves a row in the
-// runs table).
+// runs table). Has tells the same of one name.
 func TestRunsListsRunNames(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
@@ -63,6 +63,11 @@ func TestRunsListsRunNames(t *testing.T) {
 	names, err := db.Runs(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "b"}, names)
+	for name, want := range map[string]bool{"a": true, "b": true, "no-request": false, "b's-dir": false, "missing": false} {
+		has, err := db.Has(ctx, name)
+		require.NoError(t, err, name)
+		assert.Equal(t, want, has, "Has(%q)", name)
+	}
 }
 
 // A clean Close leaves the projections row at the close record: the next
@@ -110,6 +115,8 @@ func TestRunNamesFollowTheStageNameRule(t *testing.T) {
 		require.ErrorIs(t, err, runstate.ErrInvalid, "OpenStore(%q)", name)
 		_, err = db.Inspect(ctx, name)
 		require.ErrorIs(t, err, runstate.ErrInvalid, "Inspect(%q)", name)
+		_, err = db.Has(ctx, name)
+		require.ErrorIs(t, err, runstate.ErrInvalid, "Has(%q)", name)
 	}
 	names, err := db.Runs(ctx)
 	require.NoError(t, err)

@@ -148,8 +148,7 @@ func (db *DB) Verify(ctx context.Context, run string, opts ...VerifyOption) (*ru
 // name uses; it is not a run until that Open records. It reads one
 // snapshot, writes nothing, and is safe for concurrent use.
 func (db *DB) Runs(ctx context.Context) ([]string, error) {
-	rows, err := db.pool.Query(ctx, db.sql(`SELECT r.name FROM {s}.runs r
-		WHERE EXISTS (SELECT 1 FROM {s}.records c WHERE c.run_id = r.id) ORDER BY r.name`))
+	rows, err := db.pool.Query(ctx, db.sql(`SELECT r.name FROM {s}.runs r WHERE `+hasRecord+` ORDER BY r.name`))
 	if err != nil {
 		return nil, db.rightsError("list the runs of schema "+db.schema, err)
 	}
@@ -158,6 +157,27 @@ func (db *DB) Runs(ctx context.Context) ([]string, error) {
 		return nil, db.rightsError("list the runs of schema "+db.schema, err)
 	}
 	return names, nil
+}
+
+// hasRecord is the condition on a runs row r that makes it a run (Runs,
+// Has): a record of its own.
+const hasRecord = `EXISTS (SELECT 1 FROM {s}.records c WHERE c.run_id = r.id)`
+
+// Has tells whether the schema holds the run named run: one that Runs
+// lists, with a record (not the name's row an Open refused before the
+// first record left). One indexed query, whatever the run's length: a
+// program that must not create a run asks it before Open. It writes
+// nothing and is safe for concurrent use.
+func (db *DB) Has(ctx context.Context, run string) (bool, error) {
+	if err := checkRunName(run); err != nil {
+		return false, err
+	}
+	var has bool
+	err := db.pool.QueryRow(ctx, db.sql(`SELECT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.name = $1 AND `+hasRecord+`)`), run).Scan(&has)
+	if err != nil {
+		return false, db.rightsError("read run "+run, err)
+	}
+	return has, nil
 }
 
 // Address is the run's address for the runstate command, without the

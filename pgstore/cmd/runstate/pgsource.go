@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,19 +116,20 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 	}
 	src := &pgSource{addr: name, run: run, db: db}
 	if opts.Request == "" || own.ID != "" {
-		_, err := db.Inspect(ctx, run)
-		switch {
 		// No row, or the row of an Open refused before the run's first
-		// record: no run either way.
-		case (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist)) && own.ID != "":
-			defer db.Close()
-			return nil, nil, gone(noRun)
-		case errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, fs.ErrNotExist):
-			defer db.Close()
-			return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, name, run, db.Schema(), src.others())
+		// record: no run either way (Has; not an Inspect, which would
+		// read the whole run).
+		has, err := db.Has(ctx, run)
+		switch {
 		case err != nil:
 			defer db.Close()
 			return nil, nil, src.wrap(err)
+		case !has && own.ID != "":
+			defer db.Close()
+			return nil, nil, gone(noRun)
+		case !has:
+			defer db.Close()
+			return nil, nil, fmt.Errorf("%w: %s holds no run %q in schema %s (%s): give -request TEXT to create it", runstate.ErrInvalid, name, run, db.Schema(), src.others())
 		}
 		// Another id under the name (the run made again): DB.Open
 		// refuses the directory before recording anything.
