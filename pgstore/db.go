@@ -48,7 +48,28 @@ type DB struct {
 	// fsyncOff: the server runs with fsync=off, so that no commit is
 	// durable; the handoff says so (LookAt).
 	fsyncOff bool
+	// spare: a lock connection made with the pool's first (checkSessions),
+	// for the first session to open (takeSpare); closed unused after
+	// spareFor, or by Close.
+	spareMu sync.Mutex
+	spare   *spareConn
 }
+
+// spareConn is a lock connection not yet a session's. note is the
+// session's handler of its notifications once it takes the connection
+// (the handler of a connection is fixed when it connects).
+type spareConn struct {
+	conn *pgx.Conn
+	note atomic.Pointer[func(*pgconn.Notification)]
+	// named: it started as "runstate spare" (the DSN names no
+	// application), and is renamed "runstate session" when taken.
+	named bool
+}
+
+// spareFor is how long an unused spare lock connection is kept: a
+// program that opens a run right after Connect (the runstate command)
+// finds it made; one that opens later makes its own.
+var spareFor = 30 * time.Second
 
 // serverSQL reads what Connect notes of the server: fsync off, lz4.
 const serverSQL = `SELECT current_setting('fsync') = 'off', EXISTS (SELECT FROM pg_settings WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))`
@@ -72,6 +93,13 @@ const serverSQL = `SELECT current_setting('fsync') = 'off', EXISTS (SELECT FROM 
 // version, and for a URL DSN whose user or password holds an '@', '/',
 // '?' or '#' that is not percent-encoded (where the password ends is then
 // a guess), saying how to encode it. No error shows the DSN's password.
+//
+// Connect starts two server connections at once: the pool's first, and a
+// session's lock connection, kept for the first Open (or Store's session)
+// that comes within 30 seconds and closed unused after that (its
+// application_name is "runstate spare" meanwhile, unless the DSN names
+// one). A program that connects and opens a run, as the runstate command
+// does for each call, waits for one connection's start instead of two.
 func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, true) }
 
 // ConnectReadOnly is Connect for programs that only read runs (a status
@@ -143,7 +171,7 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 		}
 	}
 	if err != nil {
-		db.pool.Close()
+		db.Close()
 		return nil, err
 	}
 	return db, nil
@@ -154,7 +182,68 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 // that needs the database fails with an error that says db was closed.
 func (db *DB) Close() {
 	db.closed.Store(true)
+	if sp := db.takeSpare(); sp != nil {
+		closeGently(sp.conn)
+	}
 	db.pool.Close()
+}
+
+// takeSpare returns the spare lock connection, once (nil: none, or
+// taken, or closed unused).
+func (db *DB) takeSpare() *spareConn {
+	db.spareMu.Lock()
+	defer db.spareMu.Unlock()
+	sp := db.spare
+	db.spare = nil
+	return sp
+}
+
+// keepSpare keeps sp for the first session to open, for spareFor.
+func (db *DB) keepSpare(sp *spareConn) {
+	db.spareMu.Lock()
+	db.spare = sp
+	db.spareMu.Unlock()
+	time.AfterFunc(spareFor, func() {
+		db.spareMu.Lock()
+		unused := db.spare == sp
+		if unused {
+			db.spare = nil
+		}
+		db.spareMu.Unlock()
+		if unused {
+			closeGently(sp.conn)
+		}
+	})
+}
+
+// dialSpare makes a lock connection whose notifications go to the
+// handler of whoever takes it.
+func (db *DB) dialSpare(ctx context.Context) (*spareConn, error) {
+	sp := &spareConn{}
+	cfg := db.lockCfg.Copy()
+	if cfg.RuntimeParams["application_name"] == sessionApp {
+		cfg.RuntimeParams["application_name"] = "runstate spare"
+		sp.named = true
+	}
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		if f := sp.note.Load(); f != nil {
+			(*f)(n)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	sp.conn = conn
+	return sp, nil
+}
+
+// closeGently ends conn with the protocol's goodbye, without waiting
+// long for a server that does not answer.
+func closeGently(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
 }
 
 // closedError is the error of a call that needed the pool after Close
@@ -409,32 +498,53 @@ func checkServerVersion(where, version string) error {
 // client (pgbouncer's default, server_round_robin=0) shows it every time.
 // The simple protocol, so that the check itself prepares nothing. It
 // checks the server's version first (checkServerVersion). The two
-// connections are the pool's first, made at once: a server connection
-// takes 16-25 ms to start on the development machine, most of Connect.
+// connections are made at once: the pool's first, and a lock connection
+// kept for the first session to open (keepSpare). A server connection
+// takes 16-25 ms to start on the development machine, most of Connect,
+// and a command that opens a run would otherwise make its lock
+// connection after them.
 func (db *DB) checkSessions(ctx context.Context) error {
-	second := make(chan *pgxpool.Conn, 1)
-	secondErr := make(chan error, 1)
+	type dialed struct {
+		sp  *spareConn
+		err error
+	}
+	second := make(chan dialed, 1)
 	go func() {
-		b, err := db.pool.Acquire(ctx)
-		second <- b
-		secondErr <- err
+		sp, err := db.dialSpare(ctx)
+		second <- dialed{sp, err}
 	}()
 	a, err := db.pool.Acquire(ctx)
-	b, berr := <-second, <-secondErr
+	d := <-second
 	if a != nil {
 		defer a.Release()
 	}
-	if b != nil {
-		defer b.Release()
-	}
-	if err == nil {
-		err = berr
+	kept := false
+	if d.sp != nil {
+		defer func() {
+			if !kept {
+				closeGently(d.sp.conn)
+			}
+		}()
 	}
 	if err != nil {
 		return db.connectError(err)
 	}
 	if err := checkServerVersion(db.where, a.Conn().PgConn().ParameterStatus("server_version")); err != nil {
 		return err
+	}
+	var b *pgx.Conn
+	if d.err == nil {
+		b = d.sp.conn
+	} else {
+		// A pooler that refuses the lock connection's parameters (Open
+		// says which) still lets the pool's connections through: the
+		// check takes another of those, and no session finds a spare.
+		pb, err := db.pool.Acquire(ctx)
+		if err != nil {
+			return db.connectError(err)
+		}
+		defer pb.Release()
+		b = pb.Conn()
 	}
 	token := strconv.FormatInt(time.Now().UnixNano(), 36)
 	if _, err := a.Exec(ctx, "SELECT set_config('runstate.session_probe', $1, false)", pgx.QueryExecModeSimpleProtocol, token); err != nil {
@@ -448,6 +558,10 @@ func (db *DB) checkSessions(ctx context.Context) error {
 	}
 	if seen != nil && *seen == token {
 		return fmt.Errorf("pgstore: %s: two of the pool's connections reached one server session (a setting made on one was seen on the other): something between pgstore and the server shares server sessions among clients, such as pgbouncer with pool_mode=transaction or statement; pgstore needs a server session per connection (for its session locks and prepared statements): connect directly, or through a pooler in session mode (pgbouncer pool_mode=session)", db.where)
+	}
+	if d.sp != nil {
+		kept = true
+		db.keepSpare(d.sp)
 	}
 	return nil
 }
@@ -463,7 +577,7 @@ func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	for k, v := range map[string]string{
 		"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "1", "tcp_keepalives_count": "5",
 		"tcp_user_timeout": strconv.Itoa(int(userTimeout / time.Millisecond)),
-		"application_name": "runstate session",
+		"application_name": sessionApp,
 	} {
 		if _, set := c.RuntimeParams[k]; !set {
 			c.RuntimeParams[k] = v
@@ -475,6 +589,10 @@ func lockConfig(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 // ignoredParams are the startup parameters a pooler must ignore to pass a
 // lock connection (lockConfig), as pgbouncer's ignore_startup_parameters.
 const ignoredParams = "tcp_keepalives_idle,tcp_keepalives_interval,tcp_keepalives_count,tcp_user_timeout"
+
+// sessionApp is a lock connection's application_name, unless the DSN
+// names one.
+const sessionApp = "runstate session"
 
 // userTimeout is the server's tcp_user_timeout on a lock connection: how
 // long an unacknowledged send may wait before the server drops the

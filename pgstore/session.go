@@ -183,20 +183,34 @@ func checkDirect(ctx context.Context, conn *pgx.Conn, key int64) error {
 	return nil
 }
 
-// connect opens a lock connection.
+// connect opens a lock connection: the DB's spare when it has one that
+// still answers (keepSpare), else a new one.
 func (s *session) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg := s.db.lockCfg.Copy()
 	ch := s.channel()
-	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+	note := func(n *pgconn.Notification) {
 		if n.Channel == ch {
 			s.notified.Store(true)
 		}
 	}
+	listen := "LISTEN " + pgx.Identifier{ch}.Sanitize()
+	if sp := s.db.takeSpare(); sp != nil {
+		sp.note.Store(&note)
+		q := listen
+		if sp.named {
+			q = "SET application_name TO '" + sessionApp + "'; " + listen
+		}
+		if _, err := sp.conn.Exec(ctx, q); err == nil {
+			return sp.conn, nil
+		}
+		closeNow(sp.conn) // gone meanwhile (a server restarted): a new one
+	}
+	cfg := s.db.lockCfg.Copy()
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { note(n) }
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, s.db.connectError(err)
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, listen); err != nil {
 		closeNow(conn)
 		return nil, s.db.connectError(err)
 	}
