@@ -31,9 +31,9 @@ const handoffEvery = time.Second
 // commits them in time (an idle session), by a transaction of their own
 // (writeKept): the handoff within viewsEvery after it is due
 // (handoffEvery after its last write), a manifest as soon. A large
-// manifest (largeManifest) always goes by a transaction of its own, in
-// the background, at most every largePace times its last write's time
-// (take). Safe for concurrent use.
+// manifest (largeManifest) always goes by a transaction of its own, the
+// idle write's (or a clean Close's), at most every largePace times its
+// last write's time (take). Safe for concurrent use.
 type published struct {
 	mu       sync.Mutex
 	manifest *projection
@@ -48,9 +48,8 @@ type published struct {
 	gave  int       // handoffs given (tests)
 	// write, once set (DB.Store), writes what is kept in a transaction of
 	// its own (store.writeKept); idle, when armed, calls it; closed: no
-	// more (close); idling: a call under way (the idle write's, or one
-	// that take started for a large manifest).
-	write  func(started bool)
+	// more (close); idling: the idle write armed or under way.
+	write  func()
 	idle   *time.Timer
 	closed bool
 	idling sync.WaitGroup
@@ -131,7 +130,7 @@ func (p *published) armLocked() {
 		closed := p.closed
 		p.mu.Unlock()
 		if !closed {
-			p.write(false)
+			p.write()
 		}
 		p.mu.Lock()
 		p.armLocked() // a handoff not due yet: when it is
@@ -193,13 +192,13 @@ var (
 // only, it is an implicit transaction (the pipeline's Sync commits it),
 // with betLazySQL.
 //
-// It is also how a large manifest is written (published.take starts it,
-// started: marked under way already). One runs at a time: another that
-// finds one under way returns, leaving what it would take to that one, to
-// a batch or to the next idle write.
-func (s *store) writeKept(all, started bool) {
+// It is also how a large manifest is written (published.take leaves it
+// to this write). One runs at a time: another that finds one under way
+// returns, leaving what it would take to that one, to a batch or to the
+// next idle write.
+func (s *store) writeKept(all bool) {
 	p := &s.pub
-	if !p.startOwn(started) {
+	if !p.startOwn() {
 		return
 	}
 	start := time.Now()
@@ -378,13 +377,13 @@ func newest(cur *projection, at runstate.Position, data []byte) *projection {
 // handoffEvery has passed since its last write; with all (a clean
 // Close's write), everything kept.
 //
-// A large manifest (isLarge) never goes with a batch: when its pace
-// allows (largeAfter), take starts a write of its own (store.writeKept,
-// on another goroutine) and returns nothing, and while that write is
-// under way (own) it returns nothing to any batch, leaving the handoff to
-// it too: a batch whose statement waited for the projections row behind
-// a large manifest's would wait as long as if it carried it. A write of
-// its own takes a large manifest only when its pace allows (or all).
+// A large manifest (isLarge) never goes with a batch: take leaves it
+// kept for a write of its own (the idle write: armLocked), and while such
+// a write is under way (own) it returns nothing to any batch, leaving the
+// handoff to it too: a batch whose statement waited for the projections
+// row behind a large manifest's would wait as long as if it carried it.
+// A write of its own takes a large manifest only when its pace allows
+// (largeAfter), or all.
 func (p *published) take(now time.Time, all, inline bool) (manifest, handoff *projection) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -395,19 +394,15 @@ func (p *published) take(now time.Time, all, inline bool) (manifest, handoff *pr
 		switch {
 		case !p.isLarge(m) || all:
 			manifest, p.manifest = m, nil
-		case now.Before(p.largeAfter):
-			// kept: a later batch or the idle write takes it (armLocked)
-		case !inline:
+		case !inline && !now.Before(p.largeAfter):
 			manifest, p.manifest = m, nil
-		case p.write != nil && !p.closed:
-			p.own = true
-			p.idling.Add(1)
-			go func() {
-				defer p.idling.Done()
-				p.write(true)
-			}()
-			return nil, nil
 		}
+		// A batch leaves a large one kept: the idle write takes it
+		// (viewsEvery or more later, on a pool connection the batch no
+		// longer holds), or a clean Close's. A write started beside the
+		// batch needed a second pool connection: a one-shot process (the
+		// runstate command) had to start one, 16-25 ms here, and its
+		// Close waited for it.
 	}
 	if p.handoff != nil && (all || now.Sub(p.wrote) >= handoffEvery) {
 		handoff, p.handoff, p.wrote = p.handoff, nil, now
@@ -436,14 +431,10 @@ func (p *published) limit() int {
 }
 
 // startOwn notes that a write of its own begins, unless one is under way
-// already (a batch's take started it), and reports whether it did. A
-// write that take started is marked already: started says so.
-func (p *published) startOwn(started bool) bool {
+// already, and reports whether it did.
+func (p *published) startOwn() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if started {
-		return true
-	}
 	if p.own {
 		return false
 	}

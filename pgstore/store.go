@@ -46,7 +46,7 @@ type store struct {
 func (db *DB) Store(run string) runstate.Store {
 	s := &store{db: db, name: run}
 	s.blobs = &blobStore{db: db, s: s}
-	s.pub.write = func(started bool) { s.writeKept(false, started) } // publish.go
+	s.pub.write = func() { s.writeKept(false) } // publish.go
 	return s
 }
 
@@ -238,7 +238,7 @@ func (s *store) Close(clean bool) error {
 	s.ses = nil
 	s.mu.Unlock()
 	if ses != nil && clean {
-		s.writeKept(true, false) // the projections kept for the next batch: there is none now
+		s.writeKept(true) // the projections kept for the next batch: there is none now
 	}
 	if ses != nil {
 		ses.close(clean)
