@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
@@ -23,7 +24,7 @@ var effectCmd = &command{
 	name:     "effect",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-at ADDRESS] [-timeout D] -- CMD [ARGS...]",
+	synopsis: "DIR KEY [-check CMD] [-payload TEXT] [-request TEXT] [-at ADDRESS] [-wait D] [-timeout D] -- CMD [ARGS...]",
 	short:    "perform a side effect once: intent before, receipt after",
 	long: `Effect performs the side effect KEY of the run in DIR once, across every
 session, with the guarantees of the library's Run.Effect:
@@ -48,7 +49,9 @@ goes to effect's; SIGINT and SIGTERM are passed on, as for exec. -payload
 TEXT is recorded with the intent: the same KEY with another payload is
 refused. DIR must hold a run, unless -request TEXT creates it; it may be
 a working directory of a run kept elsewhere (-at: see 'runstate help
-exec').
+exec'). -wait D waits, trying again at most a second apart, while another
+live session attempts KEY, for at most D: then the receipt it recorded is
+printed, or, when its session died, KEY is settled as without -wait.
 
 Exit status: 0 the receipt is printed (sent now, found by the check, or
 stored); 2 a usage error (nothing recorded); 121 another live session
@@ -63,8 +66,12 @@ before anything is recorded).`,
 		payload := fs.String("payload", "", "`TEXT`: the effect's request, recorded with the intent (JSON, or text)")
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
 		timeout := timeoutFlag(fs)
+		waitFor := waitFlag(fs, "another live session attempts KEY (121)")
 		return func(c *cli, args []string) int {
 			defer survivePipe()()
+			if *waitFor < 0 {
+				return c.usageError("effect", "-wait must not be negative")
+			}
 			if err := runstate.CheckKey(args[1]); err != nil {
 				return c.usageError("effect", invalid(err)+"; choose another key (nothing was recorded)")
 			}
@@ -78,7 +85,7 @@ before anything is recorded).`,
 			wait := newLockWait(*timeout)
 			defer wait.stop()
 			e := shellEffect{dir: r.Dir(), run: r.ID(), key: args[1], argv: args[2:], check: *check, errw: c.err, wait: wait}
-			return c.closeRun(r, c.effect(r, &e, *payload))
+			return c.closeRun(r, c.effect(r, &e, *payload, *waitFor))
 		}
 	},
 }
@@ -150,7 +157,7 @@ func (e *shellEffect) capture(argv []string, full string) ([]byte, procResult) {
 	return bytes.TrimRight(out.buf, "\r\n"), res
 }
 
-func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
+func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string, waitFor time.Duration) int {
 	eff := runstate.Effect{Do: e.do}
 	if payload != "" {
 		eff.Request = receipt(payload)
@@ -163,7 +170,19 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string) int {
 			c.notef("runstate effect: %s: confirmed at seq %d: not sent again", e.key, es.Seq)
 		}
 	}
-	rec, err := r.Effect(e.wait, e.key, eff)
+	var rec json.RawMessage
+	tries := 0
+	busy := func(err error) bool { return errors.Is(err, runstate.ErrBusy) }
+	err := c.retry("effect: "+e.key, waitFor, busy, func() (err error) {
+		if tries++; tries > 1 {
+			e.wait.resume() // paused between tries: -timeout bounds each wait for the lock
+		}
+		rec, err = r.Effect(e.wait, e.key, eff)
+		if busy(err) {
+			e.wait.pause()
+		}
+		return err
+	})
 	switch {
 	case errors.Is(err, runstate.ErrBusy):
 		return c.failWith(exitBusy, err)

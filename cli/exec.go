@@ -36,7 +36,7 @@ var execCmd = &command{
 	name:     "exec",
 	dirOnly:  true,
 	workDir:  true,
-	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-at ADDRESS] [-timeout D] -- CMD [ARGS...]",
+	synopsis: "DIR STAGE [-in FILE] [-value NAME=V] [-after STAGE] [-out PATH] [-valid-for D] [-request TEXT] [-at ADDRESS] [-wait D] [-timeout D] -- CMD [ARGS...]",
 	short:    "run a command as a stage: skipped when done and its evidence holds",
 	long: `Exec runs CMD as the stage STAGE of the run in DIR, with the guarantees of
 the library's Do:
@@ -84,6 +84,16 @@ logs/run.json names it after. The files are in DIR and the records at
 ADDRESS; the outputs of -after stages done on another machine are put in
 DIR before CMD runs. The same holds for effect, plan, skip and await.
 
+-wait D makes exec wait while another live session runs STAGE or an
+-after stage is not done yet, in this process's run or on another machine
+of a shared one, trying again at most a second apart,
+for at most D: a pipeline goes on once the stage it needs is done
+elsewhere, instead of exiting 121 or 125. Once the stage is done, exec
+skips it as usual. A session that died does not keep STAGE busy: the next
+try records its attempt as interrupted and runs STAGE here. SIGINT or
+SIGTERM ends the wait; after D, or a signal, the status is the one
+without -wait.
+
 Exit status: the command's, or 0 when it was skipped; 2 for a usage error
 (nothing recorded); 121 another live session runs the stage; 122 the stage
 awaits a person (runstate approve); 123 it failed fatally (runstate
@@ -101,8 +111,9 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 		personExit := fs.String("person-exit", "", "`CODES`: comma-separated exit statuses that need a person (the stage awaits approve)")
 		fatalExit := fs.String("fatal-exit", "", "`CODES`: comma-separated exit statuses that are final (the stage fails fatally)")
 		timeout := timeoutFlag(fs)
+		wait := waitFlag(fs, "another live session runs STAGE (121) or an -after stage is not done (125)")
 		return func(c *cli, args []string) int {
-			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts, timeout: *timeout}
+			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts, timeout: *timeout, wait: *wait}
 			var err error
 			if o.person, err = exitCodes(*personExit); err != nil {
 				return c.usageError("exec", "-person-exit: "+err.Error())
@@ -112,6 +123,9 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 			}
 			if *maxAttempts < 0 {
 				return c.usageError("exec", "-max-attempts must be positive")
+			}
+			if *wait < 0 {
+				return c.usageError("exec", "-wait must not be negative")
 			}
 			if err := checkStageName(o.stage); err != nil {
 				return c.usageError("exec", err.Error())
@@ -268,6 +282,7 @@ type execOptions struct {
 	outs          []string // relative to dir, slash-separated
 	person, fatal []int
 	timeout       time.Duration // -timeout: the bound of each wait for the ledger lock
+	wait          time.Duration // -wait: how long to try again while the stage is busy or not ready
 }
 
 // openRun opens the run in dir for a pipeline command, waiting at most
@@ -465,9 +480,13 @@ func (c *cli) exec(o *execOptions) int {
 }
 
 func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
-	ctx, cancel := lockCtx(o.timeout)
-	st, err := r.Begin(ctx, o.stage, o.inputs...)
-	cancel() // the attempt's own context does not end with it
+	var st *runstate.Stage
+	err := c.retry("exec: "+o.stage, o.wait, notYet, func() (err error) {
+		ctx, cancel := lockCtx(o.timeout)
+		defer cancel() // the attempt's own context does not end with it
+		st, err = r.Begin(ctx, o.stage, o.inputs...)
+		return err
+	})
 	if errors.Is(err, runstate.ErrDone) {
 		c.notef("runstate exec: %s: skipped: %s", o.stage, doneWhy(stageOf(r, o.stage)))
 		return exitOK

@@ -461,6 +461,36 @@ func TestPipelineCommandsShareARunAcrossMachines(t *testing.T) {
 	require.NoError(t, err, "slow's output, made on w1, is on w2")
 	assert.Equal(t, "slow\n", string(got))
 
+	// A stage that needs one running on the other machine waits for it
+	// (-wait), then runs with its output, put in this machine's directory.
+	started, gate = filepath.Join(tmp, "started3"), filepath.Join(tmp, "gate3")
+	m1 = exec.Command(bin, "exec", w1, "fetch", "-out", filepath.Join(w1, "fetch.txt"), "--", "sh", "-c",
+		`touch "$1"; while [ ! -e "$2" ]; do sleep 0.02; done; echo fetched > "$RUNSTATE_DIR/fetch.txt"`, "sh", started, gate)
+	require.NoError(t, m1.Start())
+	waitFile(t, started)
+	buildErr := filepath.Join(tmp, "build.stderr")
+	ef, err := os.Create(buildErr)
+	require.NoError(t, err)
+	defer ef.Close()
+	var buildOut strings.Builder
+	m2 := exec.Command(bin, "exec", w2, "build", "-after", "fetch", "-wait", "60s", "--", "sh", "-c", `cat "$RUNSTATE_DIR/fetch.txt"`)
+	m2.Stdout, m2.Stderr = &buildOut, ef
+	require.NoError(t, m2.Start())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(buildErr)
+		require.NoError(t, err)
+		if strings.Contains(string(data), "build needs fetch, which is running") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "build did not say it waits: %s", data)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, os.WriteFile(gate, nil, 0o644))
+	require.NoError(t, m1.Wait())
+	require.NoError(t, m2.Wait(), "build on w2")
+	assert.Equal(t, "fetched\n", buildOut.String(), "fetch's output, made on w1, is in w2 when build runs")
+
 	started = filepath.Join(tmp, "started2")
 	m1 = exec.Command(bin, "exec", w1, "killed", "--", "sh", "-c", `touch "$1"; exec sleep 120`, "sh", started)
 	require.NoError(t, m1.Start())
@@ -469,15 +499,9 @@ func TestPipelineCommandsShareARunAcrossMachines(t *testing.T) {
 	_ = m1.Wait()
 	killed := time.Now()
 	// The killed session's advisory lock is free once the server has seen
-	// its connection close: until then the stage is busy, and exec says
-	// so with nothing recorded (a pipeline would try again).
-	for {
-		res = runBin(t, "exec", w2, "killed", "-out", filepath.Join(w2, "killed.txt"), "--", "sh", "-c", `echo again > "$RUNSTATE_DIR/killed.txt"`)
-		if res.code != 121 || time.Since(killed) > 30*time.Second {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// its connection close: until then the stage is busy (121, nothing
+	// recorded), and -wait tries again.
+	res = runBin(t, "exec", w2, "killed", "-wait", "30s", "-out", filepath.Join(w2, "killed.txt"), "--", "sh", "-c", `echo again > "$RUNSTATE_DIR/killed.txt"`)
 	require.Equal(t, 0, res.code, res.err)
 	t.Logf("the stage ran again on w2 %v after the SIGKILL on w1", time.Since(killed).Round(time.Millisecond))
 	assert.Contains(t, res.err, "runstate exec: killed: running (attempt 2): ")
@@ -497,7 +521,7 @@ func TestPipelineCommandsShareARunAcrossMachines(t *testing.T) {
 		}
 		return nil
 	}))
-	assert.Equal(t, map[string]int{"slow": 1, "killed": 1}, completes)
+	assert.Equal(t, map[string]int{"slow": 1, "fetch": 1, "build": 1, "killed": 1}, completes)
 	assert.Equal(t, 1, interrupted, "the killed attempt")
 	res = runIn("verify", addr)
 	assert.Equal(t, 0, res.code, res.out+res.err)

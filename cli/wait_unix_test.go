@@ -1,0 +1,152 @@
+//go:build unix
+
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// holdUntil is a command that touches started, then runs until go
+// exists.
+func holdUntil(started, goFile string) []string {
+	return []string{"sh", "-c", `touch "$0"; while [ ! -e "$1" ]; do sleep 0.02; done`, started, goFile}
+}
+
+// waitStderr waits until b's standard error holds want.
+func waitStderr(t *testing.T, b *bg, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(b.errb.String(), want) {
+		select {
+		case <-b.done:
+			t.Fatalf("%v ended (exit %d) before saying %q; stderr: %s", b.cmd.Args, b.code, want, b.errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v did not say %q within 30s; stderr: %s", b.cmd.Args, want, b.errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// exec -wait waits while an -after stage runs in another session, says
+// so, and runs its command once that stage is done; without -wait it
+// exits 125 at once.
+func TestExecWaitsForAnAfterStage(t *testing.T) {
+	dir, work := shellRun(t, "fetch", "build")
+	started, goFile, count := filepath.Join(work, "started"), filepath.Join(work, "go"), filepath.Join(work, "count")
+	fetch := startCLI(t, append([]string{"exec", dir, "fetch", "--"}, holdUntil(started, goFile)...)...)
+	waitFile(t, started)
+
+	r := execCLI(t, dir, "build", []string{"-after", "fetch"}, counted(count, "", "")...)
+	assert.Equal(t, exitRunstate, r.code, "without -wait: at once; %s", r.err)
+	assert.Contains(t, r.err, "build needs fetch, which is running")
+
+	build := startCLI(t, append([]string{"exec", dir, "build", "-after", "fetch", "-wait", "60s", "--"}, counted(count, "built", "")...)...)
+	waitStderr(t, build, "runstate exec: build: waiting (at most ")
+	assert.Contains(t, build.errb.String(), "build needs fetch, which is running")
+	time.Sleep(300 * time.Millisecond) // a few tries
+	select {
+	case <-build.done:
+		t.Fatalf("build ended while fetch ran: exit %d, %s", build.code, build.errb.String())
+	default:
+	}
+	require.NoError(t, os.WriteFile(goFile, nil, 0o644))
+	fetch.wait(t)
+	require.Equal(t, 0, fetch.code, fetch.errb.String())
+	build.wait(t)
+	require.Equal(t, 0, build.code, build.errb.String())
+	assert.Equal(t, "built\n", build.out.String())
+	assert.Contains(t, build.errb.String(), "build: running (attempt 1)")
+	assert.Equal(t, 1, strings.Count(build.errb.String(), "waiting"), "said once: the reason did not change")
+	assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, "build").State)
+	assert.Equal(t, 1, lines(t, count))
+}
+
+// exec -wait on a stage another session runs waits until it is done, then
+// skips it; -wait with a bound that passes exits as without it, saying how
+// long it waited; SIGTERM ends the wait at once.
+func TestExecWaitsForABusyStageAndGivesUp(t *testing.T) {
+	dir, work := shellRun(t, "slow", "never")
+	started, goFile, count := filepath.Join(work, "started"), filepath.Join(work, "go"), filepath.Join(work, "count")
+	slow := startCLI(t, append([]string{"exec", dir, "slow", "--"}, holdUntil(started, goFile)...)...)
+	waitFile(t, started)
+
+	t0 := time.Now()
+	r := execCLI(t, dir, "slow", []string{"-wait", "400ms"}, counted(count, "", "")...)
+	assert.Equal(t, exitBusy, r.code, r.err)
+	assert.GreaterOrEqual(t, time.Since(t0), 400*time.Millisecond, "it waited")
+	assert.Contains(t, r.err, "runstate exec: slow: waiting (at most ")
+	assert.Regexp(t, `is running in .*\(waited \d`, r.err)
+
+	second := startCLI(t, append([]string{"exec", dir, "slow", "-wait", "60s", "--"}, counted(count, "", "")...)...)
+	waitStderr(t, second, "waiting")
+	require.NoError(t, os.WriteFile(goFile, nil, 0o644))
+	slow.wait(t)
+	require.Equal(t, 0, slow.code, slow.errb.String())
+	second.wait(t)
+	require.Equal(t, 0, second.code, second.errb.String())
+	assert.Contains(t, second.errb.String(), "slow: skipped: complete since seq")
+	_, err := os.Stat(count)
+	assert.ErrorIs(t, err, os.ErrNotExist, "no command ran but the first")
+
+	never := startCLI(t, append([]string{"exec", dir, "late", "-after", "never", "-wait", "60s", "--"}, counted(count, "", "")...)...)
+	waitStderr(t, never, "late needs never, which is pending")
+	t0 = time.Now()
+	require.NoError(t, never.cmd.Process.Signal(syscall.SIGTERM))
+	never.wait(t)
+	assert.Less(t, time.Since(t0), 10*time.Second)
+	assert.Equal(t, exitRunstate, never.code, never.errb.String())
+	assert.Contains(t, never.errb.String(), "the wait was ended by a signal")
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	assert.Empty(t, st.Sessions, "the waiting session was closed, as every other")
+}
+
+// effect -wait waits while another session attempts the key, then prints
+// the receipt that session recorded, and sends nothing again.
+func TestEffectWaitsForAnotherSessionsAttempt(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	started, goFile, outbox := filepath.Join(work, "started"), filepath.Join(work, "go"), filepath.Join(work, "outbox")
+	send := `touch "$0"; while [ ! -e "$1" ]; do sleep 0.02; done; echo sent >> "$2"; echo '{"id": 7}'`
+	first := startCLI(t, "effect", dir, "notify", "--", "sh", "-c", send, started, goFile, outbox)
+	waitFile(t, started)
+
+	r := runCLI(t, "effect", dir, "notify", "--", "sh", "-c", `echo again >> "$0"; echo '{"id": 8}'`, outbox)
+	assert.Equal(t, exitBusy, r.code, "without -wait: at once; %s", r.err)
+
+	// -timeout bounds each wait for the ledger lock, not the wait for
+	// the other session: it is paused between tries.
+	second := startCLI(t, "effect", dir, "notify", "-wait", "60s", "-timeout", "300ms", "--", "sh", "-c", `echo again >> "$0"; echo '{"id": 8}'`, outbox)
+	waitStderr(t, second, "runstate effect: notify: waiting (at most ")
+	time.Sleep(700 * time.Millisecond)
+	require.NoError(t, os.WriteFile(goFile, nil, 0o644))
+	first.wait(t)
+	require.Equal(t, 0, first.code, first.errb.String())
+	second.wait(t)
+	require.Equal(t, 0, second.code, second.errb.String())
+	assert.Equal(t, `{"id":7}`+"\n", second.out.String(), "the receipt the first recorded")
+	data, err := os.ReadFile(outbox)
+	require.NoError(t, err)
+	assert.Equal(t, "sent\n", string(data), "sent once")
+}
+
+// A negative -wait is a usage error.
+func TestWaitMustNotBeNegative(t *testing.T) {
+	dir, _ := shellRun(t, "a")
+	r := execCLI(t, dir, "a", []string{"-wait", "-1s"}, "true")
+	assert.Equal(t, exitUsage, r.code, r.err)
+	assert.Contains(t, r.err, "-wait must not be negative")
+	r = runCLI(t, "effect", dir, "k", "-wait", "-1s", "--", "true")
+	assert.Equal(t, exitUsage, r.code, r.err)
+	assert.Contains(t, r.err, "-wait must not be negative")
+}
