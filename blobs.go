@@ -73,8 +73,8 @@ func (r *Run) storeOutputs(ctx context.Context, outs []Output, kept map[string]k
 	need := map[string]bool{}
 	var sums []string
 	for _, o := range outs {
-		if o.Size <= putUnasked {
-			need[o.SHA256] = true
+		if _, bad := r.damaged.Load(o.SHA256); o.Size <= putUnasked || bad {
+			need[o.SHA256] = true // a damaged one: the store says it has it
 		} else {
 			sums = append(sums, o.SHA256)
 		}
@@ -95,6 +95,9 @@ func (r *Run) storeOutputs(ctx context.Context, outs []Output, kept map[string]k
 		need[o.SHA256] = false // once per content
 		if err := r.putOutput(ctx, bs, o, kept); err != nil {
 			return fmt.Errorf("runstate: store output %s in %s: %w; nothing was recorded", o.Path, r.store, err)
+		}
+		if _, bad := r.damaged.LoadAndDelete(o.SHA256); bad {
+			r.log.Info("runstate: an output's bytes, damaged in the store, were put again", "output", o.Path, "store", r.store.String())
 		}
 	}
 	return nil
@@ -167,6 +170,9 @@ func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
 		return nil
 	})
 	if err != nil {
+		if errors.Is(err, ErrCorrupt) { // the store's check, or this one
+			r.damaged.Store(o.SHA256, true)
+		}
 		return fmt.Errorf("runstate: fetch output %s from %s: %w", o.Path, r.store, err)
 	}
 	return nil

@@ -134,6 +134,10 @@ type Run struct {
 
 	src   string // Options.SourceDir, absolute (sourcedir.go)
 	where place  // where the handoff says the run is (placeOf)
+	// damaged: the sha256s whose bytes in the store (Blobs) were found
+	// not to hash to them: the next Complete that names one puts it again
+	// without asking (blobs.go).
+	damaged sync.Map
 }
 
 // Open creates the run in dir, or resumes the run that is there, and starts

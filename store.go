@@ -316,7 +316,11 @@ type Blobs interface {
 	// Missing returns those of sha256s that the store does not hold.
 	Missing(ctx context.Context, sha256s []string) ([]string, error)
 	// Put stores size bytes read from r under sha256, durably when it
-	// returns; the store checks the hash. Idempotent.
+	// returns; the store checks the hash. Idempotent. Bytes the store
+	// holds under sha256 already are replaced by these, which hash to it:
+	// the Run puts again, without asking Missing, bytes that it found
+	// damaged in the store (a Get whose bytes did not hash to sha256) when
+	// a stage that ran again because of it completes with them.
 	Put(ctx context.Context, sha256 string, size int64, r io.Reader) error
 	// Get returns the bytes stored under sha256 (an error wrapping
 	// fs.ErrNotExist when there are none).

@@ -177,7 +177,9 @@ func decodeSum(s string) ([]byte, error) {
 
 // Put stores r's bytes as the blob sum (hex) of size bytes. r must yield
 // exactly size bytes hashing to sum, or nothing is stored. Put is
-// idempotent. A blob of at most 64 KiB, put by a session, is written with
+// idempotent; chunks held under sum already are replaced by these where
+// they differ (damaged: a Get found them not hashing to sum, and the Run
+// puts the bytes again). A blob of at most 64 KiB, put by a session, is written with
 // the first of that session's batches that either records an output of
 // those bytes or commits synchronously (the one that records the output,
 // or an earlier one), in its transaction: no round trip of its own, and
@@ -230,8 +232,7 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 			if n > size {
 				return fmt.Errorf("pgstore: blob %s: more than its %d bytes (the file changed while it was stored?)", sum, size)
 			}
-			if _, err := tx.Exec(ctx, b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`),
-				want, chunks, buf[:k]); err != nil {
+			if _, err := tx.Exec(ctx, b.db.sql(putChunkSQL), want, chunks, buf[:k]); err != nil {
 				return b.db.rightsError("store blob "+sum, err)
 			}
 			chunks++
@@ -246,8 +247,7 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 	if n != size || hex.EncodeToString(h.Sum(nil)) != sum {
 		return fmt.Errorf("pgstore: blob %s: got %d bytes with another hash (the file changed while it was stored?); nothing was stored", sum, n)
 	}
-	if _, err := tx.Exec(ctx, b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`),
-		want, size, chunks); err != nil {
+	if _, err := tx.Exec(ctx, b.db.sql(putBlobSQL), want, size, chunks); err != nil {
 		return b.db.rightsError("store blob "+sum, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -255,6 +255,18 @@ func (b *blobStore) Put(ctx context.Context, sum string, size int64, r io.Reader
 	}
 	return nil
 }
+
+// A Put replaces the bytes a blob holds already (runstate.Blobs: a put of
+// bytes found damaged repairs them), within the transaction whose commit
+// follows the check of the new bytes' hash; putBlobSQL drops chunks past
+// the new count (damaged bytes of another size).
+const (
+	putChunkSQL = `INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, $2, $3)
+ON CONFLICT (sha256, n) DO UPDATE SET data = excluded.data WHERE blob_chunks.data IS DISTINCT FROM excluded.data`
+	putBlobSQL = `WITH past AS (DELETE FROM {s}.blob_chunks WHERE sha256 = $1 AND n >= $3)
+INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, $3)
+ON CONFLICT (sha256) DO UPDATE SET size = excluded.size, chunks = excluded.chunks WHERE (blobs.size, blobs.chunks) IS DISTINCT FROM (excluded.size, excluded.chunks)`
+)
 
 // putSmall stores a blob of one chunk in one round trip.
 func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size int64, r io.Reader) error {
@@ -266,8 +278,8 @@ func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size 
 	pb.Queue(beginSQL)
 	pb.Queue("SET LOCAL synchronous_commit = off")
 	pb.Queue(noTimeoutsSQL)
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), want, data)
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) VALUES ($1, $2, 1) ON CONFLICT DO NOTHING`), want, size)
+	pb.Queue(b.db.sql(putChunkSQL), want, 0, data)
+	pb.Queue(b.db.sql(putBlobSQL), want, size, 1)
 	pb.Queue("COMMIT")
 	if err := b.db.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		return b.db.rightsError("store blob "+sum, err)
@@ -290,7 +302,8 @@ func readExactly(sum string, size int64, r io.Reader) ([]byte, error) {
 // Get streams the blob sum (hex), one chunk per query, checking its hash
 // at the end: a reader that ends without error got exactly the stored
 // bytes. A small output's bytes are in its outputs row (schema version 4,
-// queueWrites), where no blobs row holds them. A blob the database lacks
+// queueWrites), where no blobs row holds them; Get reads such a row first
+// when there is one (the database checked its hash). A blob the database lacks
 // is an error wrapping fs.ErrNotExist.
 func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) {
 	want, err := decodeSum(sum)
@@ -300,8 +313,11 @@ func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) 
 	var size int64
 	var chunks int
 	var data []byte
-	err = b.db.pool.QueryRow(ctx, b.db.sql(`SELECT size, chunks, NULL FROM {s}.blobs WHERE sha256 = $1
-		UNION ALL (SELECT size, 0, data FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL LIMIT 1) LIMIT 1`), want).Scan(&size, &chunks, &data)
+	// An outputs row first: the database checked its bytes' hash
+	// (outputs_data_sum), where a blob's chunks may have been damaged
+	// since they were put.
+	err = b.db.pool.QueryRow(ctx, b.db.sql(`(SELECT size, 0, data FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL LIMIT 1)
+		UNION ALL SELECT size, chunks, NULL FROM {s}.blobs WHERE sha256 = $1 LIMIT 1`), want).Scan(&size, &chunks, &data)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgstore: blob %s is neither in %s.blobs nor in an outputs row: %w", sum, b.db.schema, errNotExist)
 	} else if err != nil {

@@ -3,7 +3,9 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -139,7 +141,9 @@ func TestDoneStageOutputThatCannotBeRestoredHereIsNoNewAttempt(t *testing.T) {
 
 // A done stage whose output's bytes in the database are not the
 // recorded ones (a byte of a blob changed) cannot be restored from them:
-// the stage runs again, instead of an error from Begin.
+// the stage runs again, instead of an error from Begin, and its bytes,
+// put again, repair the blob: another machine restores the output from
+// them without running the stage.
 func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
@@ -157,6 +161,11 @@ func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 	tag, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sumOf(big))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
+	// And a chunk more: damaged bytes of another length.
+	_, err = db.pool.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 2, 'x')`), sumOf(big))
+	require.NoError(t, err)
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blobs SET chunks = 3 WHERE sha256 = $1`), sumOf(big))
+	require.NoError(t, err)
 	require.NoError(t, os.Remove(filepath.Join(dir, "out", "big.bin")))
 
 	require.NoError(t, r.Do(ctx, "a", stage), "not an error: the stage runs again")
@@ -164,6 +173,54 @@ func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(dir, "out", "big.bin"))
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(big, got))
+
+	rc, err := db.Store("r").Blobs().Get(ctx, hex.EncodeToString(sumOf(big)))
+	require.NoError(t, err)
+	stored, err := io.ReadAll(rc)
+	require.NoError(t, rc.Close())
+	require.NoError(t, err, "the blob is repaired")
+	assert.True(t, bytes.Equal(big, stored))
+	var rows, chunks int
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT (SELECT count(*) FROM {s}.blob_chunks WHERE sha256 = $1), (SELECT chunks FROM {s}.blobs WHERE sha256 = $1)`), sumOf(big)).Scan(&rows, &chunks))
+	assert.Equal(t, 2, rows, "the chunk past the bytes is gone")
+	assert.Equal(t, 2, chunks)
+	dir2 := t.TempDir()
+	r2, err := db.Open(ctx, "r", dir2, &runstate.Options{Request: "altered bytes"})
+	require.NoError(t, err)
+	defer r2.Close()
+	require.NoError(t, r2.Do(ctx, "a", stage))
+	assert.Equal(t, 2, runs, "restored on the other machine, not run again")
+	got, err = os.ReadFile(filepath.Join(dir2, "out", "big.bin"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(big, got))
+}
+
+// A small blob held both as chunks (put without a session) and in an
+// outputs row is read from the row, whose hash the database checked:
+// chunks damaged since do not fail Get.
+func TestGetReadsACheckedOutputsRowFirst(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	data := []byte("a small output, put before any session\n")
+	sum := hex.EncodeToString(sumOf(data))
+	require.NoError(t, db.Store("r").Blobs().Put(ctx, sum, int64(len(data)), bytes.NewReader(data)), "as chunks: no session")
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "small"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("a.txt", data) }))
+	require.NoError(t, r.Close())
+	var inline bool
+	require.NoError(t, db.pool.QueryRow(ctx, db.sql(`SELECT EXISTS (SELECT 1 FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL)`), sumOf(data)).Scan(&inline))
+	require.True(t, inline, "the output's row holds the bytes")
+	tag, err := db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 3 for 1) WHERE sha256 = $1`), sumOf(data))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "and the chunk")
+
+	rc, err := db.Store("r").Blobs().Get(ctx, sum)
+	require.NoError(t, err)
+	got, err := io.ReadAll(rc)
+	require.NoError(t, rc.Close())
+	require.NoError(t, err)
+	assert.Equal(t, data, got)
 }
 
 func TestOutputOverMaxBlobRefusedClearly(t *testing.T) {
