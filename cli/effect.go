@@ -52,6 +52,7 @@ a working directory of a run kept elsewhere (-at: see 'runstate help
 exec'). -wait D waits, trying again at most a second apart, while another
 live session attempts KEY, for at most D: then the receipt it recorded is
 printed, or, when its session died, KEY is settled as without -wait.
+SIGINT or SIGTERM between tries ends the wait with 128+N.
 
 Exit status: 0 the receipt is printed (sent now, found by the check, or
 stored); 2 a usage error (nothing recorded); 121 another live session
@@ -173,7 +174,7 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string, waitFor ti
 	var rec json.RawMessage
 	tries := 0
 	busy := func(err error) bool { return errors.Is(err, runstate.ErrBusy) }
-	err := c.retry("effect: "+e.key, waitFor, busy, func() (err error) {
+	sig, err := c.retry("effect: "+e.key, waitFor, busy, func() (err error) {
 		if tries++; tries > 1 {
 			e.wait.resume() // paused between tries: -timeout bounds each wait for the lock
 		}
@@ -184,6 +185,8 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string, waitFor ti
 		return err
 	})
 	switch {
+	case sig != nil:
+		return c.failWith(signalStatus(sig), err)
 	case errors.Is(err, runstate.ErrBusy):
 		return c.failWith(exitBusy, err)
 	case errors.Is(err, runstate.ErrUnconfirmed) && e.notStarted != nil:

@@ -86,13 +86,14 @@ DIR before CMD runs. The same holds for effect, plan, skip and await.
 
 -wait D makes exec wait while another live session runs STAGE or an
 -after stage is not done yet, in this process's run or on another machine
-of a shared one, trying again at most a second apart,
-for at most D: a pipeline goes on once the stage it needs is done
-elsewhere, instead of exiting 121 or 125. Once the stage is done, exec
-skips it as usual. A session that died does not keep STAGE busy: the next
-try records its attempt as interrupted and runs STAGE here. SIGINT or
-SIGTERM ends the wait; after D, or a signal, the status is the one
-without -wait.
+of a shared one, trying again at most a second apart, for at most D: a
+pipeline goes on once the stage it needs is done elsewhere, instead of
+exiting 121 or 125. Once the stage is done, exec skips it as usual. A
+session that died does not keep STAGE busy: the next try records its
+attempt as interrupted and runs STAGE here. An -after stage that failed
+fatally or awaits a person is not waited for. After D the status is the
+one without -wait; SIGINT or SIGTERM between tries ends the wait with
+128+N (during a try, as without -wait).
 
 Exit status: the command's, or 0 when it was skipped; 2 for a usage error
 (nothing recorded); 121 another live session runs the stage; 122 the stage
@@ -113,7 +114,7 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 		timeout := timeoutFlag(fs)
 		wait := waitFlag(fs, "another live session runs STAGE (121) or an -after stage is not done (125)")
 		return func(c *cli, args []string) int {
-			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts, timeout: *timeout, wait: *wait}
+			o := execOptions{dir: args[0], stage: args[1], argv: args[2:], request: *request, maxAttempts: *maxAttempts, timeout: *timeout, wait: *wait, after: ev.after}
 			var err error
 			if o.person, err = exitCodes(*personExit); err != nil {
 				return c.usageError("exec", "-person-exit: "+err.Error())
@@ -283,6 +284,7 @@ type execOptions struct {
 	person, fatal []int
 	timeout       time.Duration // -timeout: the bound of each wait for the ledger lock
 	wait          time.Duration // -wait: how long to try again while the stage is busy or not ready
+	after         []string      // the -after stages
 }
 
 // openRun opens the run in dir for a pipeline command, waiting at most
@@ -481,12 +483,28 @@ func (c *cli) exec(o *execOptions) int {
 
 func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 	var st *runstate.Stage
-	err := c.retry("exec: "+o.stage, o.wait, notYet, func() (err error) {
+	again := func(err error) bool {
+		if !notYet(err) {
+			return false
+		}
+		for _, dep := range o.after {
+			// A stage no session will finish without a person: no wait.
+			if s := stageOf(r, dep); s.State == runstate.StateFatal || s.State == runstate.StateAwaiting {
+				c.notef("runstate exec: %s: not waiting: %s is %s, which needs a person (runstate status %s)", o.stage, dep, s.State, quoteArg(r.Dir()))
+				return false
+			}
+		}
+		return true
+	}
+	sig, err := c.retry("exec: "+o.stage, o.wait, again, func() (err error) {
 		ctx, cancel := lockCtx(o.timeout)
 		defer cancel() // the attempt's own context does not end with it
 		st, err = r.Begin(ctx, o.stage, o.inputs...)
 		return err
 	})
+	if sig != nil {
+		return c.failWith(signalStatus(sig), inDir(err, r.Dir()))
+	}
 	if errors.Is(err, runstate.ErrDone) {
 		c.notef("runstate exec: %s: skipped: %s", o.stage, doneWhy(stageOf(r, o.stage)))
 		return exitOK

@@ -1,11 +1,12 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/runstate/runstate"
@@ -13,7 +14,7 @@ import (
 
 // waitFlag registers -wait, of exec and effect.
 func waitFlag(fs *flag.FlagSet, what string) *time.Duration {
-	return fs.Duration("wait", 0, "`D`: while "+what+", wait and try again, for at most D (0: exit at once); SIGINT or SIGTERM ends the wait")
+	return fs.Duration("wait", 0, "`D`: while "+what+", wait and try again, for at most D (0: exit at once); SIGINT or SIGTERM ends the wait (exit 128+N)")
 }
 
 // Waits between tries: the first, the growth, the longest.
@@ -27,15 +28,18 @@ const (
 // that decides under the run's lock, on what every session recorded
 // (Begin, Effect): nothing needs to be read between tries. It says on
 // standard error, under name, what it waits for, each time that changes,
-// and how long it waited when it gives up. SIGINT or SIGTERM ends the
-// wait: the last error is returned.
-func (c *cli) retry(name string, wait time.Duration, again func(error) bool, try func() error) error {
+// and how long it waited when it gives up.
+//
+// A try runs as without -wait: a SIGINT or SIGTERM then does what it
+// would have done (by default it ends the process; a command that exec or
+// effect runs gets it passed on). Between tries they end the wait: retry
+// returns the signal, with the last error, and the caller exits 128+N
+// after closing the session.
+func (c *cli) retry(name string, wait time.Duration, again func(error) bool, try func() error) (os.Signal, error) {
 	err := try()
 	if wait <= 0 || err == nil || !again(err) {
-		return err
+		return nil, err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), forwardSignals...)
-	defer stop()
 	start := time.Now()
 	deadline := start.Add(wait)
 	pause, said := firstPause, ""
@@ -46,20 +50,40 @@ func (c *cli) retry(name string, wait time.Duration, again func(error) bool, try
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return fmt.Errorf("%w (waited %s)", err, time.Since(start).Round(time.Millisecond))
+			return nil, fmt.Errorf("%w (waited %s)", err, time.Since(start).Round(time.Millisecond))
 		}
-		t := time.NewTimer(min(pause, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (the wait was ended by a signal after %s)", err, time.Since(start).Round(time.Millisecond))
-		case <-t.C:
+		if sig := pauseFor(min(pause, left)); sig != nil {
+			return sig, fmt.Errorf("%w (the wait was ended by %v after %s)", err, sig, time.Since(start).Round(time.Millisecond))
 		}
 		pause = min(pause*3/2, maxPause)
 		if err = try(); err == nil || !again(err) {
-			return err
+			return nil, err
 		}
 	}
+}
+
+// pauseFor sleeps d, or until SIGINT or SIGTERM (Windows: Ctrl-C) comes,
+// and returns that signal.
+func pauseFor(d time.Duration) os.Signal {
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, forwardSignals...)
+	defer signal.Stop(sigc)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case sig := <-sigc:
+		return sig
+	case <-t.C:
+		return nil
+	}
+}
+
+// signalStatus is the exit status of a process ended by sig: 128+N.
+func signalStatus(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 128 + int(syscall.SIGINT)
 }
 
 // notYet reports whether err is one that a wait may see end: a live

@@ -74,7 +74,8 @@ func TestExecWaitsForAnAfterStage(t *testing.T) {
 
 // exec -wait on a stage another session runs waits until it is done, then
 // skips it; -wait with a bound that passes exits as without it, saying how
-// long it waited; SIGTERM ends the wait at once.
+// long it waited; SIGTERM ends the wait at once (exit 128+15), the
+// session closed.
 func TestExecWaitsForABusyStageAndGivesUp(t *testing.T) {
 	dir, work := shellRun(t, "slow", "never")
 	started, goFile, count := filepath.Join(work, "started"), filepath.Join(work, "go"), filepath.Join(work, "count")
@@ -105,8 +106,8 @@ func TestExecWaitsForABusyStageAndGivesUp(t *testing.T) {
 	require.NoError(t, never.cmd.Process.Signal(syscall.SIGTERM))
 	never.wait(t)
 	assert.Less(t, time.Since(t0), 10*time.Second)
-	assert.Equal(t, exitRunstate, never.code, never.errb.String())
-	assert.Contains(t, never.errb.String(), "the wait was ended by a signal")
+	assert.Equal(t, 128+int(syscall.SIGTERM), never.code, never.errb.String())
+	assert.Contains(t, never.errb.String(), "late needs never, which is pending (the wait was ended by terminated after ")
 	st, err := runstate.Inspect(dir)
 	require.NoError(t, err)
 	assert.Empty(t, st.Sessions, "the waiting session was closed, as every other")
@@ -149,4 +150,45 @@ func TestWaitMustNotBeNegative(t *testing.T) {
 	r = runCLI(t, "effect", dir, "k", "-wait", "-1s", "--", "true")
 	assert.Equal(t, exitUsage, r.code, r.err)
 	assert.Contains(t, r.err, "-wait must not be negative")
+}
+
+// A signal that comes while a try of -wait is under way (Begin waiting
+// for the ledger lock that another process holds) does what it does
+// without -wait: it ends the process, and the command does not run.
+func TestExecSignalDuringATryOfWaitIsNotSwallowed(t *testing.T) {
+	dir, work := shellRun(t, "slow")
+	started, count := filepath.Join(work, "started"), filepath.Join(work, "count")
+	a := startCLI(t, "exec", dir, "slow", "--", "sh", "-c", `touch "$0"; sleep 60`, started)
+	waitFile(t, started)
+	b := startCLI(t, append([]string{"exec", dir, "slow", "-wait", "60s", "--"}, counted(count, "ran", "")...)...)
+	waitStderr(t, b, "waiting (at most")
+
+	f, err := os.OpenFile(filepath.Join(dir, "logs", "ledger.lock"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX)) // b's next try waits for it
+	require.NoError(t, a.cmd.Process.Kill())                        // and finds the stage's session dead
+	<-a.done
+	time.Sleep(maxPause + 500*time.Millisecond) // b is in a try, waiting for the lock
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGINT))
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_UN))
+	b.wait(t)
+	assert.NotEqual(t, 0, b.code, b.errb.String())
+	_, err = os.Stat(count)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the command did not run after the SIGINT")
+}
+
+// exec -wait does not wait for an -after stage that no session will
+// finish without a person (failed fatally, or awaiting approval).
+func TestExecDoesNotWaitForAStageThatNeedsAPerson(t *testing.T) {
+	dir, work := shellRun(t, "fetch", "build")
+	r := execCLI(t, dir, "fetch", []string{"-fatal-exit", "3"}, "sh", "-c", "exit 3")
+	require.Equal(t, 3, r.code, r.err)
+	t0 := time.Now()
+	r = execCLI(t, dir, "build", []string{"-after", "fetch", "-wait", "60s"}, counted(filepath.Join(work, "count"), "", "")...)
+	assert.Less(t, time.Since(t0), 10*time.Second)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "runstate exec: build: not waiting: fetch is fatal, which needs a person")
+	assert.NotContains(t, r.err, "waiting (at most")
 }
