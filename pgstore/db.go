@@ -64,6 +64,8 @@ type spareConn struct {
 	// named: it started as "runstate spare" (the DSN names no
 	// application), and is renamed "runstate session" when taken.
 	named bool
+	// expiry closes it unused (keepSpare); takeSpare stops it.
+	expiry *time.Timer
 }
 
 // spareFor is how long an unused spare lock connection is kept: a
@@ -104,8 +106,10 @@ func Connect(ctx context.Context, dsn string) (*DB, error) { return connect(ctx,
 
 // ConnectReadOnly is Connect for programs that only read runs (a status
 // command): it never creates or upgrades the schema, and fails with an
-// error naming the schema when it is missing or at another version. Safe
-// for concurrent use.
+// error naming the schema when it is missing or at another version. Its
+// connections are Connect's, the spare lock connection too: a session may
+// be opened through it on a schema that is there (the runstate command's
+// pipeline commands do). Safe for concurrent use.
 func ConnectReadOnly(ctx context.Context, dsn string) (*DB, error) { return connect(ctx, dsn, false) }
 
 func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
@@ -195,15 +199,18 @@ func (db *DB) takeSpare() *spareConn {
 	defer db.spareMu.Unlock()
 	sp := db.spare
 	db.spare = nil
+	if sp != nil {
+		sp.expiry.Stop()
+	}
 	return sp
 }
 
 // keepSpare keeps sp for the first session to open, for spareFor.
 func (db *DB) keepSpare(sp *spareConn) {
 	db.spareMu.Lock()
+	defer db.spareMu.Unlock()
 	db.spare = sp
-	db.spareMu.Unlock()
-	time.AfterFunc(spareFor, func() {
+	sp.expiry = time.AfterFunc(spareFor, func() {
 		db.spareMu.Lock()
 		unused := db.spare == sp
 		if unused {
@@ -557,7 +564,7 @@ func (db *DB) checkSessions(ctx context.Context) error {
 		return db.connectError(err)
 	}
 	if seen != nil && *seen == token {
-		return fmt.Errorf("pgstore: %s: two of the pool's connections reached one server session (a setting made on one was seen on the other): something between pgstore and the server shares server sessions among clients, such as pgbouncer with pool_mode=transaction or statement; pgstore needs a server session per connection (for its session locks and prepared statements): connect directly, or through a pooler in session mode (pgbouncer pool_mode=session)", db.where)
+		return fmt.Errorf("pgstore: %s: two of its connections reached one server session (a setting made on one was seen on the other): something between pgstore and the server shares server sessions among clients, such as pgbouncer with pool_mode=transaction or statement; pgstore needs a server session per connection (for its session locks and prepared statements): connect directly, or through a pooler in session mode (pgbouncer pool_mode=session)", db.where)
 	}
 	if d.sp != nil {
 		kept = true

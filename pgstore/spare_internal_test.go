@@ -37,11 +37,16 @@ func sparePID(db *DB) uint32 {
 // two server connections one after the other's start, not three.
 func TestTheFirstSessionTakesConnectsLockConnection(t *testing.T) {
 	ctx := context.Background()
-	db, err := Connect(ctx, withSchema(testDSN(t), newSchema(t)))
+	dsn := withSchema(testDSN(t), newSchema(t))
+	db, err := Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer db.Close()
 	pid := sparePID(db)
 	require.NotZero(t, pid, "Connect keeps a lock connection")
+	ro, err := ConnectReadOnly(ctx, dsn)
+	require.NoError(t, err)
+	assert.NotZero(t, sparePID(ro), "ConnectReadOnly too: the runstate command opens its sessions through it")
+	ro.Close()
 	assert.EqualValues(t, 1, db.pool.Stat().TotalConns(), "the pool's own: one")
 	assert.Equal(t, "runstate spare", backendApp(t, db, pid))
 
