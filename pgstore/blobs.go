@@ -93,10 +93,15 @@ func (b *blobStore) putBack(p []inlineBlob) {
 // queueInline), and so deadlock with a batch storing the same blobs (seen
 // in TestSessionsShareARunAtAnyDefaultIsolation: 40P01 between this and
 // the two statements of several blobs).
+//
+// Bytes held already are replaced where they differ (runstate.Blobs.Put:
+// a put repairs damaged bytes), as putChunkSQL and putBlobSQL do.
 const insertOneBlobSQL = `WITH c AS (
-  INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING RETURNING 1
+  INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2)
+  ON CONFLICT (sha256, n) DO UPDATE SET data = excluded.data WHERE blob_chunks.data IS DISTINCT FROM excluded.data RETURNING 1
 )
-INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $1, $3, 1 FROM (SELECT count(*) FROM c) c ON CONFLICT DO NOTHING`
+INSERT INTO {s}.blobs (sha256, size, chunks) SELECT $1, $3, 1 FROM (SELECT count(*) FROM c) c
+ON CONFLICT (sha256) DO UPDATE SET size = excluded.size, chunks = excluded.chunks WHERE (blobs.size, blobs.chunks) IS DISTINCT FROM (excluded.size, excluded.chunks)`
 
 // queueInline queues the inserts of small blobs into a batch's round trip,
 // in the order of their hashes: an optimistic batch inserts its blobs
@@ -119,8 +124,10 @@ func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
 	for i, x := range blobs {
 		sums[i], datas[i], sizes[i] = x.sum, x.data, int64(len(x.data))
 	}
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d) ON CONFLICT DO NOTHING`), pgtype.FlatArray[[]byte](sums), pgtype.FlatArray[[]byte](datas))
-	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n) ON CONFLICT DO NOTHING`), pgtype.FlatArray[[]byte](sums), sizes)
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) SELECT s, 0, d FROM unnest($1::bytea[], $2::bytea[]) u(s, d)
+ON CONFLICT (sha256, n) DO UPDATE SET data = excluded.data WHERE blob_chunks.data IS DISTINCT FROM excluded.data`), pgtype.FlatArray[[]byte](sums), pgtype.FlatArray[[]byte](datas))
+	pb.Queue(b.db.sql(`INSERT INTO {s}.blobs (sha256, size, chunks) SELECT s, n, 1 FROM unnest($1::bytea[], $2::bigint[]) u(s, n)
+ON CONFLICT (sha256) DO UPDATE SET size = excluded.size, chunks = excluded.chunks WHERE (blobs.size, blobs.chunks) IS DISTINCT FROM (excluded.size, excluded.chunks)`), pgtype.FlatArray[[]byte](sums), sizes)
 }
 
 // Missing returns those of sha256s (hex) that the database does not hold
