@@ -118,29 +118,40 @@ func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output, kept map[string
 }
 
 // afterOutputs returns the outputs of the stages ev names with After, as
-// the state s records them (under the lock, with the fingerprints).
-func (ev *evidence) afterOutputs(s *state) []Output {
-	var outs []Output
+// the state s records them (under the lock, with the fingerprints), and
+// the stage of each.
+func (ev *evidence) afterOutputs(s *state) (outs []Output, of []string) {
 	for _, dep := range ev.after {
 		if d := s.stages[dep]; d != nil {
 			outs = append(outs, d.Outputs...)
+			for range d.Outputs {
+				of = append(of, dep)
+			}
 		}
 	}
-	return outs
+	return outs, of
 }
 
-// fetchOutputs makes the local copy of each of outs what the record says,
-// from the store's bytes where it is missing or differs.
-func (r *Run) fetchOutputs(ctx context.Context, outs []Output) error {
+// fetchOutputs makes the local copy of each of outs, outputs of the
+// stages of, what the record says, from the store's bytes where it is
+// missing or differs.
+func (r *Run) fetchOutputs(ctx context.Context, outs []Output, of []string) error {
 	bs := r.store.Blobs()
 	if bs == nil {
 		return nil
 	}
-	for _, o := range outs {
+	for i, o := range outs {
 		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
 			continue
 		}
 		if err := r.fetchOutput(ctx, bs, o); err != nil {
+			if errors.Is(err, ErrCorrupt) {
+				// Damaged in the store: a session of that stage whose
+				// restore meets them as this fetch did runs it again and
+				// puts the bytes anew (storeOutputs); an invalidate's
+				// redo would not (Missing says they are there).
+				return fmt.Errorf("%w; stage %s's stored output %s is damaged: run stage %s in a working directory without that output (remove it, or use a new directory): its restore fails as this fetch did, so it runs again and stores the bytes anew; then begin this stage again", err, of[i], o.Path, of[i])
+			}
 			return err
 		}
 	}

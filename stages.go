@@ -341,6 +341,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		var attempt int
 		var why string
 		var afterOuts []Output
+		var afterOf []string
 		var orphan *Stage // an attempt of this session whose end record could not be written
 		_, err := r.commitTx(&tx{lazy: true, ctx: ctx, fn: func(s *state) ([]*Record, error) {
 			st := s.stages[name]
@@ -403,7 +404,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			}
 			attempt = st.Attempt + 1
 			why = attemptReason(st, recs)
-			afterOuts = ev.afterOutputs(s)
+			afterOuts, afterOf = ev.afterOutputs(s)
 			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps, Reason: why})
 			return recs, nil
 		}})
@@ -435,7 +436,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			// record of this attempt can be written.
 			return nil, context.Cause(sctx)
 		}
-		if err := r.fetchOutputs(ctx, afterOuts); err != nil { // blobs.go
+		if err := r.fetchOutputs(ctx, afterOuts, afterOf); err != nil { // blobs.go
 			_ = st.Fail(err)
 			return nil, err
 		}

@@ -195,6 +195,42 @@ func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 	assert.True(t, bytes.Equal(big, got))
 }
 
+// An -after stage's output whose bytes in the database are damaged
+// cannot be fetched on another machine: Begin says which stage made it
+// and how to store it anew. Running that stage where its output is
+// missing (its restore fails as the fetch did, so it runs again) puts
+// the bytes again, and the stage that needs them then begins with them.
+func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "after"})
+	require.NoError(t, err)
+	big := bigOutput()
+	makeA := func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/big.bin", big) }
+	require.NoError(t, r.Do(ctx, "a", makeA))
+	require.NoError(t, r.Close())
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sumOf(big))
+	require.NoError(t, err)
+
+	r2, err := db.Open(ctx, "r", t.TempDir(), nil)
+	require.NoError(t, err)
+	defer r2.Close()
+	_, err = r2.Begin(ctx, "b", runstate.After("a"))
+	require.ErrorIs(t, err, runstate.ErrCorrupt)
+	assert.Contains(t, err.Error(), "stage a's stored output out/big.bin is damaged: run stage a in a working directory without that output")
+	assert.Contains(t, err.Error(), "then begin this stage again")
+
+	r3, err := db.Open(ctx, "r", t.TempDir(), nil)
+	require.NoError(t, err)
+	defer r3.Close()
+	ran := false
+	require.NoError(t, r3.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { ran = true; return makeA(ctx, st) }))
+	assert.True(t, ran, "a ran again where its output was missing")
+	st, err := r2.Begin(ctx, "b", runstate.After("a"))
+	require.NoError(t, err, "the bytes were stored anew")
+	require.NoError(t, st.Complete())
+}
+
 // A small blob held both as chunks (put without a session) and in an
 // outputs row is read from the row, whose hash the database checked:
 // chunks damaged since do not fail Get.

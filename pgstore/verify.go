@@ -175,13 +175,15 @@ func (s *store) rehash(ctx context.Context, outs []output) ([]runstate.Problem, 
 }
 
 // damagedFix is what to do about an output whose blob row stands but
-// whose chunks are damaged: the blob is not stored again by a redo that
-// makes the same bytes (Blobs.Missing goes by the blobs row).
+// whose chunks are damaged: a session that meets them restoring the
+// output runs its stage again and stores the bytes anew (the Run puts
+// what it found damaged, and Put replaces the chunks). A redo for another
+// reason (an invalidate) does not: Blobs.Missing goes by the blobs row.
 func (s *store) damagedFix(o output) string {
-	return fmt.Sprintf("no machine can restore this output from the database until its bytes are good again: restore %s.blob_chunks from a backup "+
-		"(or write the chunks of a working directory's copy of %s that still has this sha256 back into it); "+
-		"redoing stage %s (runstate invalidate %s %s) stores a different output anew, not these same bytes",
-		s.db.schema, o.path, o.stage, shellArg(s.Address()), o.stage)
+	return fmt.Sprintf("no machine can restore this output from the database until its bytes are good again: run stage %s in a working directory without %s "+
+		"(its restore finds these bytes damaged, so the stage runs again, and its Complete stores them anew when it makes the same bytes); "+
+		"or restore %s.blob_chunks from a backup",
+		o.stage, o.path, s.db.schema)
 }
 
 // shellArg quotes an address for a shell command line (its query's & and ?).
