@@ -487,6 +487,9 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		if !notYet(err) {
 			return false
 		}
+		if !errors.Is(err, runstate.ErrNotReady) {
+			return true // STAGE busy
+		}
 		for _, dep := range o.after {
 			// A stage no session will finish without a person: no wait.
 			if s := stageOf(r, dep); s.State == runstate.StateFatal || s.State == runstate.StateAwaiting {

@@ -74,6 +74,11 @@ func pauseFor(d time.Duration) os.Signal {
 	case sig := <-sigc:
 		return sig
 	case <-t.C:
+	}
+	select { // one that came with the timer: Stop would drop it
+	case sig := <-sigc:
+		return sig
+	default:
 		return nil
 	}
 }
