@@ -110,6 +110,9 @@ ON CONFLICT (sha256) DO UPDATE SET size = excluded.size, chunks = excluded.chunk
 // wait for the other's uncommitted insert of one (a deadlock).
 func (b *blobStore) queueInline(pb *pgx.Batch, blobs []inlineBlob) {
 	slices.SortFunc(blobs, func(x, y inlineBlob) int { return bytes.Compare(x.sum, y.sum) })
+	// Once each: goroutines that wrote the same bytes put them each, and
+	// an ON CONFLICT DO UPDATE may not meet one row twice (21000).
+	blobs = slices.CompactFunc(blobs, func(x, y inlineBlob) bool { return bytes.Equal(x.sum, y.sum) })
 	switch len(blobs) {
 	case 0:
 		return

@@ -73,3 +73,25 @@ func TestASessionsSmallPutRepairsADamagedBlob(t *testing.T) {
 	_, err = io.ReadAll(rc)
 	assert.NoError(t, err, "Put replaced what the blob held")
 }
+
+// Two goroutines of a session that wrote the same small bytes put them
+// twice; the batch that stores them as blobs stores them once (an ON
+// CONFLICT DO UPDATE may not meet one row twice: 21000), and commits.
+func TestTheSameSmallBytesPutTwiceGoOnceIntoABatch(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	data := []byte("the same bytes, from two goroutines")
+	sum := hex.EncodeToString(sumOf(data))
+	s, session, at := openBetting(t, db, "r")
+	for range 2 {
+		require.NoError(t, s.Blobs().Put(ctx, sum, int64(len(data)), bytes.NewReader(data)))
+	}
+	_, err := betAppend(t, s, at, session, "sync", 1, nil, true) // a synchronous batch takes every pending blob
+	require.NoError(t, err)
+	rc, err := s.Blobs().Get(ctx, sum)
+	require.NoError(t, err)
+	got, err := io.ReadAll(rc)
+	require.NoError(t, rc.Close())
+	require.NoError(t, err)
+	assert.Equal(t, data, got)
+}
