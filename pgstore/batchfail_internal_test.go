@@ -10,6 +10,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// refuseComplete makes the server refuse every batch with a complete of
+// stage (a trigger's error).
+func refuseComplete(t *testing.T, db *DB, stage string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.pool.Exec(ctx, db.sql(`CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.stage = '`+stage+`' AND NEW.ev = 'complete' THEN RAISE EXCEPTION 'injected: refused'; END IF;
+  RETURN NEW;
+END $$`))
+	require.NoError(t, err)
+	_, err = db.pool.Exec(ctx, db.sql(`CREATE TRIGGER refuse BEFORE INSERT ON {s}.records FOR EACH ROW EXECUTE FUNCTION {s}.refuse()`))
+	require.NoError(t, err)
+}
+
 // A batch that the server refuses with an error of SQL (here a trigger's,
 // on one stage's complete) records nothing, and the session goes on: the
 // next Do records, and the run is one gapless chain. Alone on the run (a
@@ -19,15 +34,9 @@ func TestABatchTheServerRefusesLeavesTheSessionWhole(t *testing.T) {
 		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
 			ctx := context.Background()
 			db := newTestDB(t)
-			_, err := db.pool.Exec(ctx, db.sql(`CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.stage = 'refused' AND NEW.ev = 'complete' THEN RAISE EXCEPTION 'injected: refused'; END IF;
-  RETURN NEW;
-END $$`))
-			require.NoError(t, err)
-			_, err = db.pool.Exec(ctx, db.sql(`CREATE TRIGGER refuse BEFORE INSERT ON {s}.records FOR EACH ROW EXECUTE FUNCTION {s}.refuse()`))
-			require.NoError(t, err)
+			refuseComplete(t, db, "refused")
 			r, _ := openOptimist(t, db, "f")
+			var err error
 			if shared {
 				other, _ := openOptimist(t, db, "f")
 				require.NoError(t, other.Do(ctx, "other", func(context.Context, *runstate.Stage) error { return nil }))
@@ -60,14 +69,7 @@ func TestABatchTheServerRefusesAmongGoroutines(t *testing.T) {
 		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
 			ctx := context.Background()
 			db := newTestDB(t)
-			_, err := db.pool.Exec(ctx, db.sql(`CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.stage = 's0-w0-5' AND NEW.ev = 'complete' THEN RAISE EXCEPTION 'injected: refused'; END IF;
-  RETURN NEW;
-END $$`))
-			require.NoError(t, err)
-			_, err = db.pool.Exec(ctx, db.sql(`CREATE TRIGGER refuse BEFORE INSERT ON {s}.records FOR EACH ROW EXECUTE FUNCTION {s}.refuse()`))
-			require.NoError(t, err)
+			refuseComplete(t, db, "s0-w0-5")
 			n := 1
 			if shared {
 				n = 2
