@@ -101,6 +101,9 @@ func TestABatchTheServerRefusesAmongGoroutines(t *testing.T) {
 				}
 			}
 			wg.Wait()
+			for _, err := range errs {
+				t.Log(err)
+			}
 			require.NotEmpty(t, errs, "the refused complete's Do failed")
 			checkChain(t, db, "f")
 		})
