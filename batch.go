@@ -26,6 +26,10 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 		}
 	}
 	if lockErr != nil {
+		if cause := r.readOnlyCause(); cause != nil {
+			fail(cause)
+			return nil
+		}
 		if errors.Is(lockErr, ErrSessionLost) {
 			r.setSticky(lockErr)
 		}
@@ -48,6 +52,9 @@ func (r *Run) runLocked(batch []*tx, b Batch, lockErr error) error {
 	r.cur = b
 	if err := b.Tail(r.tailLine()); err != nil {
 		err = corruptIn(r.store, err)
+		if cause := r.readOnlyCause(); cause != nil {
+			err = cause
+		}
 		r.cur = nil
 		r.stMu.Unlock()
 		_ = b.Abort()

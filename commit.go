@@ -332,6 +332,22 @@ const (
 	txWithdrawn
 )
 
+// readOnlyCause is ErrReadOnly wrapping the write error that made the
+// Run read-only, or nil. A batch that was under way then (its transactions
+// queued before it) and fails to lock the run or to read its tail fails
+// with it: its own error would follow from that write, and blame something
+// else (records lost by the server, a broken chain), since the state it
+// starts from holds the records that did not land (a store whose begins
+// land at Unlock, after their callers were let go).
+func (r *Run) readOnlyCause() error {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	if r.c.sticky == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrReadOnly, r.c.sticky)
+}
+
 func (r *Run) setSticky(err error) {
 	r.c.mu.Lock()
 	if r.c.sticky == nil {

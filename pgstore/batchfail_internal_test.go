@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/runstate/runstate"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -103,6 +104,9 @@ func TestABatchTheServerRefusesAmongGoroutines(t *testing.T) {
 			wg.Wait()
 			for _, err := range errs {
 				t.Log(err)
+				for _, blame := range []string{"records it saw are gone", "prev hash does not match", "is not the one this session read"} {
+					assert.NotContains(t, err.Error(), blame, "the refused batch is the cause, not a lost server write or a broken chain")
+				}
 			}
 			require.NotEmpty(t, errs, "the refused complete's Do failed")
 			checkChain(t, db, "f")
