@@ -85,8 +85,8 @@ ADDRESS; the outputs of -after stages done on another machine are put in
 DIR before CMD runs. The same holds for effect, plan, skip and await.
 
 -wait D makes exec wait while another live session runs STAGE or an
--after stage is not done yet, in this process's run or on another machine
-of a shared one, trying again at most a second apart, for at most D: a
+-after stage is not done yet, on this machine or on another that shares
+the run, trying again at most a second apart, for at most D: a
 pipeline goes on once the stage it needs is done elsewhere, instead of
 exiting 121 or 125. Once the stage is done, exec skips it as usual. A
 session that died does not keep STAGE busy: the next try records its
