@@ -131,6 +131,11 @@ func TestBetEndedByADeadlockIsALostBet(t *testing.T) {
 			done <- assert.AnError
 			return
 		}
+		// Each waiter checks for a deadlock deadlock_timeout after it began
+		// to wait, and the first to check ends itself: 300 ms after the bet,
+		// so that a busy machine's scheduling does not reverse the order
+		// (once in CI, 2026-12-07: the holder was ended, the bet went on).
+		time.Sleep(300 * time.Millisecond)
 		_, err := holder.Exec(ctx, db.sql(`INSERT INTO {s}.blob_chunks (sha256, n, data) VALUES ($1, 0, $2) ON CONFLICT DO NOTHING`), sum[:], data)
 		done <- err
 	}()
