@@ -17,7 +17,8 @@ func waitFlag(fs *flag.FlagSet, what string) *time.Duration {
 	return fs.Duration("wait", 0, "`D`: while "+what+", wait and try again, for at most D (0: exit at once); SIGINT or SIGTERM ends the wait (exit 128+N)")
 }
 
-// Waits between tries: the first, the growth, the longest.
+// Waits between tries: the first, and the longest; each is half as long
+// again as the one before (retry).
 const (
 	firstPause = 100 * time.Millisecond
 	maxPause   = time.Second
