@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/runstate/runstate/internal/escape"
@@ -221,7 +220,7 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 			}
 			return c.usageError(cmd.name, msg)
 		}
-		if _, err := os.Stat(filepath.Join(p, "logs", "ledger.jsonl")); err == nil {
+		if _, err := os.Stat(ledgerIn(p)); err == nil {
 			return c.usageError(cmd.name, fmt.Sprintf("%s is a run directory (its logs/ledger.jsonl holds a run's records), not a working directory for the run at %s: give that run a directory of its own", p, Redact(*at)))
 		}
 		c.at = *at

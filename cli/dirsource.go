@@ -24,7 +24,11 @@ func (d *dirSource) Name() string   { return d.dir }
 func (d *dirSource) Ledger() string { return d.ledgerPath() }
 func (d *dirSource) Close() error   { return nil }
 
-func (d *dirSource) ledgerPath() string { return filepath.Join(d.dir, "logs", "ledger.jsonl") }
+func (d *dirSource) ledgerPath() string { return ledgerIn(d.dir) }
+
+// ledgerIn is where dir keeps a run's records when it is a run directory:
+// that file's presence tells a run directory from a working directory.
+func ledgerIn(dir string) string { return filepath.Join(dir, "logs", "ledger.jsonl") }
 
 // LastRecord is the ledger file's modification time: its last append's.
 func (d *dirSource) LastRecord(context.Context, int64) (time.Time, error) {

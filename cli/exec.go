@@ -304,7 +304,8 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 	if addr != "" {
 		return c.openAt(name, dir, addr, opts)
 	}
-	_, noLedger := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl"))
+	ledger := ledgerIn(dir)
+	_, noLedger := os.Stat(ledger)
 	if _, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))); err == nil && noLedger != nil {
 		// A working directory whose logs/run.json names no address any
 		// more (emptied by a crash, edited): runstate.Open would start a
@@ -315,10 +316,8 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 		}
 		return nil, c.usageError(name, fmt.Sprintf("%s has a %s that names no run address (empty, damaged or not a regular file): if %s is the working directory of a run kept elsewhere, give -at ADDRESS (that run's address)%s; else use another directory", dir, runstate.WorkDirFile, dir, with))
 	}
-	if request == "" {
-		if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err != nil {
-			return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, filepath.Join(dir, "logs", "ledger.jsonl")))
-		}
+	if request == "" && noLedger != nil {
+		return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, ledger))
 	}
 	r, err := runstate.Open(dir, opts)
 	if err != nil {

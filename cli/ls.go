@@ -106,7 +106,7 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 			return
 		}
 		visited++
-		if fi, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil && fi.Mode().IsRegular() {
+		if fi, err := os.Stat(ledgerIn(dir)); err == nil && fi.Mode().IsRegular() {
 			dirs = append(dirs, dir)
 			return
 		}

@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -183,7 +182,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 // names, when dir is such a working directory and not a run directory
 // (it has no logs/ledger.jsonl) and another Source serves the address.
 func workDirOf(dir string) (string, bool) {
-	if _, err := os.Stat(filepath.Join(dir, "logs", "ledger.jsonl")); err == nil {
+	if _, err := os.Stat(ledgerIn(dir)); err == nil {
 		return "", false
 	}
 	addr, ok := runstate.RunElsewhere(dir)
