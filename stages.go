@@ -284,6 +284,25 @@ func staleReason(recorded, current map[string]string) string {
 // between the look outside the lock and the decision under it.
 var errRecheck = errors.New("runstate: stage changed; check again")
 
+// errFetchFirst makes Begin fetch the After stages' outputs the decision
+// under the lock found (Begin.want) before it records the begin: they
+// were not the ones it had fetched.
+var errFetchFirst = errors.New("runstate: After outputs to fetch before the begin")
+
+// mayBegin reports whether Begin, seeing st outside the lock, expects to
+// record a begin (and so fetches the After stages' outputs first): not
+// for a stage done, running or waiting for a person, whose Begin mostly
+// records nothing.
+func mayBegin(st *StageStatus) bool {
+	return st == nil || st.State == StatePending || st.State == StateFailed || st.State == StateInterrupted
+}
+
+// sameOutputs reports whether a and b name the same outputs with the
+// same bytes, in the same order.
+func sameOutputs(a, b []Output) bool {
+	return slices.EqualFunc(a, b, func(x, y Output) bool { return x.Path == y.Path && x.SHA256 == y.SHA256 && x.Size == y.Size })
+}
+
 // Begin starts an attempt of the named stage, with the evidence it starts
 // from. It returns an error wrapping ErrDone, and no Stage, when the stage
 // is complete (or skipped) and its evidence holds: the same input
@@ -296,7 +315,11 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 // (or others than recorded) makes the stage run again, and one that
 // cannot be written here or read now is an error, with nothing recorded
 // (ErrInvalid for a path that leads out of the directory): the stage
-// stays complete for the run's other sessions.
+// stays complete for the run's other sessions. The outputs of the stages
+// named with After are fetched the same way, before the begin is
+// recorded: one that cannot be fetched (ErrCorrupt for bytes damaged in
+// the store, with the stage to run again to store them anew) is an error
+// with nothing recorded, so it counts no attempt against MaxAttempts.
 //
 // Begin fails with ErrBusy when a live session runs the stage, with
 // ErrNeedsPerson when it awaits a person, with ErrFatal after a fatal
@@ -321,16 +344,34 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 	if err != nil {
 		return nil, err
 	}
+	// The After stages' outputs are fetched before the begin is recorded:
+	// one that cannot be fetched (damaged in the store, the server gone)
+	// is an error with nothing recorded, not a failed attempt counted
+	// against the stage. have is what was fetched; want, what the last
+	// decision under the lock asked for.
+	var have, want []Output
+	var wantOf []string
+	fetching := r.store.Blobs() != nil // a store without bytes has nothing to fetch
 	for tries := 0; ; tries++ {
 		// Look at a done stage's outputs outside the lock: hashing files
 		// must not hold up other writers.
 		r.stMu.RLock()
 		var seen int64
 		var outs []Output
-		if st := r.st.stages[name]; st != nil && st.State == StateComplete {
-			seen, outs = st.DoneSeq, st.Outputs
+		look := r.st.stages[name]
+		if look != nil && look.State == StateComplete {
+			seen, outs = look.DoneSeq, look.Outputs
+		}
+		if fetching && tries == 0 && mayBegin(look) {
+			want, wantOf = ev.afterOutputs(r.st)
 		}
 		r.stMu.RUnlock()
+		if want != nil {
+			if err := r.fetchOutputs(ctx, want, wantOf); err != nil { // blobs.go
+				return nil, err
+			}
+			have, want, wantOf = want, nil, nil
+		}
 		outReason := ""
 		if seen != 0 {
 			if outReason, err = r.restoreOutputs(ctx, name, outs, r.out.check(outs)); err != nil { // blobs.go
@@ -405,10 +446,14 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			attempt = st.Attempt + 1
 			why = attemptReason(st, recs)
 			afterOuts, afterOf = ev.afterOutputs(s)
+			if fetching && !sameOutputs(afterOuts, have) && tries < 10 {
+				want, wantOf = afterOuts, afterOf
+				return nil, errFetchFirst
+			}
 			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps, Reason: why})
 			return recs, nil
 		}})
-		if errors.Is(err, errRecheck) && tries < 10 {
+		if (errors.Is(err, errRecheck) || errors.Is(err, errFetchFirst)) && tries < 10 {
 			continue
 		}
 		if errors.Is(err, ErrDone) {
@@ -436,9 +481,13 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			// record of this attempt can be written.
 			return nil, context.Cause(sctx)
 		}
-		if err := r.fetchOutputs(ctx, afterOuts, afterOf); err != nil { // blobs.go
-			_ = st.Fail(err)
-			return nil, err
+		if fetching && !sameOutputs(afterOuts, have) {
+			// The After stages changed under every one of ten fetches:
+			// fetched after the begin, a failure counts.
+			if err := r.fetchOutputs(ctx, afterOuts, afterOf); err != nil { // blobs.go
+				_ = st.Fail(err)
+				return nil, err
+			}
 		}
 		return st, nil
 	}

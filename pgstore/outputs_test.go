@@ -197,9 +197,11 @@ func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 
 // An -after stage's output whose bytes in the database are damaged
 // cannot be fetched on another machine: Begin says which stage made it
-// and how to store it anew. Running that stage where its output is
-// missing (its restore fails as the fetch did, so it runs again) puts
-// the bytes again, and the stage that needs them then begins with them.
+// and how to store it anew, and records nothing (the fetch comes before
+// the begin: no attempt is counted). Running that stage where its output
+// is missing (its restore fails as the fetch did, so it runs again) puts
+// the bytes again, and the stage that needs them then begins with them,
+// as its first attempt.
 func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
@@ -219,6 +221,7 @@ func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "stage a's stored output out/big.bin is damaged: run stage a in a working directory without that output")
 	assert.Contains(t, err.Error(), "then begin this stage again")
+	assert.Empty(t, recordsOf(ledger(t, db, "r"), "b"), "nothing recorded of b")
 
 	r3, err := db.Open(ctx, "r", t.TempDir(), nil)
 	require.NoError(t, err)
@@ -228,7 +231,65 @@ func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
 	assert.True(t, ran, "a ran again where its output was missing")
 	st, err := r2.Begin(ctx, "b", runstate.After("a"))
 	require.NoError(t, err, "the bytes were stored anew")
+	assert.Equal(t, 1, st.Attempt(), "the failed fetch counted no attempt")
 	require.NoError(t, st.Complete())
+}
+
+// recordsOf returns the records of stage in recs.
+func recordsOf(recs []runstate.Record, stage string) []runstate.Record {
+	var of []runstate.Record
+	for _, r := range recs {
+		if r.Stage == stage {
+			of = append(of, r)
+		}
+	}
+	return of
+}
+
+// A session that has not seen the After stage complete (another machine
+// completed it after the session read the run) learns of its outputs
+// under the lock, and fetches them before it records the begin too: a
+// fetch that fails records nothing, one that works leaves the bytes in
+// place when the stage begins, and on neither path is an attempt
+// counted that did not run.
+func TestAfterOutputsLearnedUnderTheLockAreFetchedBeforeTheBegin(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	r1, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "after, learned late"})
+	require.NoError(t, err)
+	defer r1.Close()
+	dir2 := t.TempDir()
+	r2, err := db.Open(ctx, "r", dir2, nil)
+	require.NoError(t, err)
+	defer r2.Close()
+	big := bigOutput()
+	require.NoError(t, r1.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/big.bin", big) }))
+	sum := sumOf(big)
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sum)
+	require.NoError(t, err)
+
+	_, err = r2.Begin(ctx, "b", runstate.After("a"))
+	require.ErrorIs(t, err, runstate.ErrCorrupt)
+	assert.Empty(t, recordsOf(ledger(t, db, "r"), "b"), "nothing recorded of b")
+	_, err = os.Stat(filepath.Join(dir2, "out", "big.bin"))
+	require.ErrorIs(t, err, os.ErrNotExist, "no damaged bytes left in place")
+
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing $2::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sum, big[chunkSize+99:chunkSize+100])
+	require.NoError(t, err, "the byte put back")
+	st, err := r2.Begin(ctx, "b", runstate.After("a"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Attempt())
+	got, err := os.ReadFile(filepath.Join(dir2, "out", "big.bin"))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(big, got), "fetched before the begin")
+	require.NoError(t, st.Complete())
+	var begins int
+	for _, rec := range recordsOf(ledger(t, db, "r"), "b") {
+		if rec.Ev == "begin" {
+			begins++
+		}
+	}
+	assert.Equal(t, 1, begins)
 }
 
 // A small blob held both as chunks (put without a session) and in an
