@@ -278,3 +278,39 @@ func TestReadWorkDirFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, data)
 }
+
+// Run.CheckOutput checks a path as Stage.Output does, with no stage begun
+// and nothing written: a path outside the run directory, or through a
+// link that leads out of it, is ErrInvalid; a link that stays inside, a
+// file not made yet, and a file in place are fine; after Close, ErrClosed.
+func TestCheckOutputBeforeBegin(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	r, err := runstate.Open(dir, &runstate.Options{Request: "check outputs"})
+	require.NoError(t, err)
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "away")))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "real"), 0o755))
+	require.NoError(t, os.Symlink("real", filepath.Join(dir, "near")))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "real", "f"), []byte("x"), 0o644))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "g"), filepath.Join(dir, "real", "g")))
+	before, err := os.ReadFile(filepath.Join(dir, "logs", "ledger.jsonl"))
+	require.NoError(t, err)
+
+	for _, bad := range []string{"away/x", filepath.Join(dir, "away", "x"), "../x", filepath.Join(outside, "x"), "real/g", ""} {
+		assert.ErrorIs(t, r.CheckOutput(bad), runstate.ErrInvalid, bad)
+	}
+	for _, good := range []string{"new/file", "near/f", "real/f", filepath.Join(dir, "real", "f")} {
+		assert.NoError(t, r.CheckOutput(good), good)
+	}
+	after, err := os.ReadFile(filepath.Join(dir, "logs", "ledger.jsonl"))
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "nothing recorded")
+	_, err = os.Stat(filepath.Join(dir, "new"))
+	assert.ErrorIs(t, err, fs.ErrNotExist, "nothing made")
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+
+	require.NoError(t, r.Close())
+	assert.ErrorIs(t, r.CheckOutput("real/f"), runstate.ErrClosed)
+}

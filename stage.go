@@ -170,26 +170,53 @@ func (st *Stage) Output(path string) error {
 	if err := st.check(); err != nil {
 		return err
 	}
-	rel, err := st.run.out.rel(path)
+	rel, err := st.run.checkOutput(path)
 	if err != nil {
-		return err
-	}
-	// Refuse now, not only at Complete, a path that leads out of the run
-	// directory through a symbolic link (the file itself, or a directory
-	// on the way). A file that does not exist yet is checked at Complete.
-	if err := st.run.out.stat(rel); err != nil {
-		if cerr := st.run.checkOpen(); cerr != nil {
-			return cerr
-		}
-		return fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, st.run.dir)
-	}
-	if err := st.run.out.checkLanding(rel, true); err != nil {
 		return err
 	}
 	if !slices.Contains(st.declared, rel) {
 		st.declared = append(st.declared, rel)
 	}
 	return nil
+}
+
+// CheckOutput checks path as Stage.Output checks an output's path, with
+// no stage begun: it returns ErrInvalid for a path outside the run
+// directory, or one that leads out of it through a symbolic link (the
+// file itself, or a directory on the way). A program checks its outputs'
+// paths with it before Begin, so that a path it cannot use is an error
+// with nothing recorded rather than a failed attempt. A file that does
+// not exist yet is checked again when the stage completes. CheckOutput
+// writes nothing. Safe for concurrent use; after Close it returns
+// ErrClosed.
+func (r *Run) CheckOutput(path string) error {
+	if err := r.checkOpen(); err != nil {
+		return err
+	}
+	_, err := r.checkOutput(path)
+	return err
+}
+
+// checkOutput is Output's check of path; it returns path relative to the
+// run directory.
+func (r *Run) checkOutput(path string) (string, error) {
+	rel, err := r.out.rel(path)
+	if err != nil {
+		return "", err
+	}
+	// Refuse now, not only at Complete, a path that leads out of the run
+	// directory through a symbolic link (the file itself, or a directory
+	// on the way). A file that does not exist yet is checked at Complete.
+	if err := r.out.stat(rel); err != nil {
+		if cerr := r.checkOpen(); cerr != nil {
+			return "", cerr
+		}
+		return "", fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, r.dir)
+	}
+	if err := r.out.checkLanding(rel, true); err != nil {
+		return "", err
+	}
+	return rel, nil
 }
 
 // endOutputs is the start of Complete and Await (the caller holds st.mu):

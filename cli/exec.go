@@ -481,6 +481,10 @@ func (c *cli) exec(o *execOptions) int {
 }
 
 func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
+	stdout, stderr := stdPath(o.stage, "stdout"), stdPath(o.stage, "stderr")
+	if err := checkOutputs(r, o.stage, append([]string{stdout, stderr}, o.outs...)); err != nil {
+		return c.failWith(exitRunstate, inDir(err, r.Dir()))
+	}
 	var st *runstate.Stage
 	again := func(err error) bool {
 		if !notYet(err) {
@@ -520,7 +524,6 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 	if err != nil {
 		return c.endStage(st, exitRunstate, err)
 	}
-	stdout, stderr := stdPath(o.stage, "stdout"), stdPath(o.stage, "stderr")
 	for _, p := range append([]string{stdout, stderr}, o.outs...) {
 		if err := st.Output(p); err != nil {
 			return c.endStage(st, exitRunstate, err)
@@ -598,6 +601,25 @@ func (c *cli) endStage(st *runstate.Stage, code int, err error) int {
 		c.fail(ferr)
 	}
 	return code
+}
+
+// checkOutputs checks paths, the outputs of stage, before its begin (as
+// Stage.Output would after it), unless the stage is done: a path that
+// leads out of the run directory is an error with nothing recorded, not a
+// failed attempt on every try.
+func checkOutputs(r *runstate.Run, stage string, paths []string) error {
+	if s := stageOf(r, stage); s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
+		return nil // Begin skips it, or checks again after its begin
+	}
+	for _, p := range paths {
+		if err := r.CheckOutput(p); err != nil {
+			if strings.HasPrefix(p, "exec/") {
+				return fmt.Errorf("%w; exec keeps each stage's stdout and stderr under exec/ in the run directory: make exec/ a directory there (remove the link), then run the stage again; nothing recorded", err)
+			}
+			return fmt.Errorf("%w; give an output path inside the run directory, then run the stage again; nothing recorded", err)
+		}
+	}
+	return nil
 }
 
 // createStd creates (truncating) the files that keep the command's

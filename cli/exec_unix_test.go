@@ -150,20 +150,44 @@ func TestExecStale(t *testing.T) {
 }
 
 // exec writes the command's output nowhere outside the run directory, even
-// when DIR/exec is a symbolic link that leads elsewhere: the stage records
-// its outputs (Stage.Output checks them) before the files are created.
+// when DIR/exec is a symbolic link that leads elsewhere, and records
+// nothing: the paths are checked (Run.CheckOutput) before the begin, so
+// a directory set up wrong fails no attempt, however often exec is run.
+// The same for an -out path through a link, and for await's -out.
 func TestExecRefusesLinkOutOfRun(t *testing.T) {
 	dir, work := shellRun(t, "a")
 	outside := filepath.Join(work, "outside")
 	require.NoError(t, os.Mkdir(outside, 0o755))
 	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "exec")))
-	r := execCLI(t, dir, "a", nil, "echo", "hi")
-	assert.Equal(t, exitRunstate, r.code, r.err)
-	assert.Contains(t, r.err, "outputs must stay inside the run directory")
+	before := len(events(t, dir, 0))
+	for range 2 {
+		r := execCLI(t, dir, "a", nil, "echo", "hi")
+		assert.Equal(t, exitRunstate, r.code, r.err)
+		assert.Contains(t, r.err, "outputs must stay inside the run directory")
+		assert.Contains(t, r.err, "make exec/ a directory there (remove the link), then run the stage again; nothing recorded")
+	}
 	entries, err := os.ReadDir(outside)
 	require.NoError(t, err)
 	assert.Empty(t, entries, "exec wrote outside the run directory")
-	assert.Equal(t, runstate.StateFailed, stageStatus(t, dir, "a").State)
+	assert.Equal(t, runstate.StatePending, stageStatus(t, dir, "a").State)
+	assert.NotContains(t, events(t, dir, int64(before)), "begin", "no attempt begun")
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "exec")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "out")))
+	r := execCLI(t, dir, "a", []string{"-out", filepath.Join(dir, "out", "x")}, "echo", "hi")
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "give an output path inside the run directory, then run the stage again; nothing recorded")
+	r = runCLI(t, "await", dir, "a", "-reason", "look", "-out", filepath.Join(dir, "out", "x"))
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "nothing recorded")
+	assert.NotContains(t, events(t, dir, int64(before)), "begin", "no attempt begun")
+	entries, err = os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+
+	r = execCLI(t, dir, "a", nil, "echo", "hi")
+	assert.Equal(t, exitOK, r.code, r.err)
+	assert.Equal(t, 1, stageStatus(t, dir, "a").Attempt, "the first attempt is the one that ran")
 }
 
 // runClosed runs the command with its standard output (and, with both,

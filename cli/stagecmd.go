@@ -146,6 +146,9 @@ func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []s
 	if r == nil {
 		return code
 	}
+	if err := checkOutputs(r, stage, outs); err != nil {
+		return c.closeRun(r, c.failWith(exitRunstate, inDir(err, dir)))
+	}
 	ctx, cancel := lockCtx(timeout)
 	st, err := r.Begin(ctx, stage, inputs...)
 	cancel()
