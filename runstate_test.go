@@ -1269,3 +1269,20 @@ func TestStageFail(t *testing.T) {
 	require.Len(t, s.Blockers, 1)
 	assert.Equal(t, "fatal", s.Blockers[0].Kind)
 }
+
+// A stage After itself could never begin (ErrNotReady for ever, or, once
+// done, stale at every Begin): Begin refuses it with ErrInvalid, nothing
+// recorded.
+func TestAfterItselfIsInvalid(t *testing.T) {
+	ctx := context.Background()
+	r, err := runstate.Open(t.TempDir(), &runstate.Options{Request: "self"})
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = r.Begin(ctx, "b", runstate.After("b"))
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "stage b cannot be After itself")
+	status, err := r.Status()
+	require.NoError(t, err)
+	_, ok := status.Stage("b")
+	assert.False(t, ok, "nothing recorded")
+}

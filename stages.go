@@ -64,8 +64,9 @@ func Value(name string, v any) Input {
 
 // After is the outputs of stage: the stage must be done, and when it is
 // redone with different outputs, this stage is redone too (invalidation
-// cascades). Its name in the ledger is "after:" + stage. After only
-// builds the Input: safe for concurrent use.
+// cascades). Its name in the ledger is "after:" + stage. A stage After
+// itself is refused at Begin (ErrInvalid): it could never be done first.
+// After only builds the Input: safe for concurrent use.
 func After(stage string) Input { return Input{kind: inputAfter, name: "after:" + stage} }
 
 // ValidFor makes the stage's evidence expire: a stage completed longer than
@@ -343,6 +344,12 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 	ev, err := r.gather(inputs)
 	if err != nil {
 		return nil, err
+	}
+	if slices.Contains(ev.after, name) {
+		// It could never be done before it begins: ErrNotReady for ever
+		// (a caller that waits for it, runstate exec -wait, would wait
+		// all its time).
+		return nil, fmt.Errorf("%w: stage %s cannot be After itself: drop After(%q), or name the stage it needs", ErrInvalid, name, name)
 	}
 	// The After stages' outputs are fetched before the begin is recorded:
 	// one that cannot be fetched (damaged in the store, the server gone)

@@ -76,7 +76,11 @@ func pauseFor(d time.Duration) os.Signal {
 		return sig
 	case <-t.C:
 	}
-	select { // one that came with the timer: Stop would drop it
+	// One that came with the timer, or before Stop returned: after Stop
+	// none comes, and one delivered before it is in sigc, where a Stop
+	// after this look would drop it.
+	signal.Stop(sigc)
+	select {
 	case sig := <-sigc:
 		return sig
 	default:

@@ -209,3 +209,17 @@ func TestExecDoesNotWaitForAStageThatNeedsAPerson(t *testing.T) {
 	assert.Contains(t, r.err, "runstate exec: build: not waiting: fetch is fatal, which needs a person")
 	assert.NotContains(t, r.err, "waiting (at most")
 }
+
+// An -after stage that is the stage itself can never be done before it
+// begins: exec refuses it at once (a usage error, nothing recorded),
+// instead of waiting all of -wait D for it ("b needs b, which is
+// pending").
+func TestExecAfterItselfIsRefusedNotWaitedFor(t *testing.T) {
+	dir, work := shellRun(t, "b")
+	t0 := time.Now()
+	r := execCLI(t, dir, "b", []string{"-after", "b", "-wait", "60s"}, counted(filepath.Join(work, "count"), "", "")...)
+	assert.Less(t, time.Since(t0), 10*time.Second, "not waited for")
+	assert.Equal(t, exitUsage, r.code, r.err)
+	assert.NotContains(t, r.err, "waiting (at most")
+	assert.Contains(t, r.err, "b cannot be After itself")
+}

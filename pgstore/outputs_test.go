@@ -203,16 +203,8 @@ func TestDoneStageWithAlteredStoredBytesRunsAgain(t *testing.T) {
 // the bytes again, and the stage that needs them then begins with them,
 // as its first attempt.
 func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
-	db := newTestDB(t)
+	db, makeA := damagedA(t)
 	ctx := context.Background()
-	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "after"})
-	require.NoError(t, err)
-	big := bigOutput()
-	makeA := func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/big.bin", big) }
-	require.NoError(t, r.Do(ctx, "a", makeA))
-	require.NoError(t, r.Close())
-	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sumOf(big))
-	require.NoError(t, err)
 
 	r2, err := db.Open(ctx, "r", t.TempDir(), nil)
 	require.NoError(t, err)
@@ -233,6 +225,24 @@ func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
 	require.NoError(t, err, "the bytes were stored anew")
 	assert.Equal(t, 1, st.Attempt(), "the failed fetch counted no attempt")
 	require.NoError(t, st.Complete())
+}
+
+// damagedA makes a run "r" whose stage a stored a large output,
+// out/big.bin, then damages one byte of its stored bytes. It returns the
+// function a ran.
+func damagedA(t *testing.T) (*DB, func(context.Context, *runstate.Stage) error) {
+	t.Helper()
+	db := newTestDB(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "r", t.TempDir(), &runstate.Options{Request: "after"})
+	require.NoError(t, err)
+	big := bigOutput()
+	makeA := func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/big.bin", big) }
+	require.NoError(t, r.Do(ctx, "a", makeA))
+	require.NoError(t, r.Close())
+	_, err = db.pool.Exec(ctx, db.sql(`UPDATE {s}.blob_chunks SET data = overlay(data placing '\xff'::bytea from 100 for 1) WHERE sha256 = $1 AND n = 1`), sumOf(big))
+	require.NoError(t, err)
+	return db, makeA
 }
 
 // recordsOf returns the records of stage in recs.
@@ -400,5 +410,33 @@ func TestCompleteStoresTheBytesWriteFileWrote(t *testing.T) {
 		require.NoError(t, st.WriteFile("again/one", bytes.Repeat([]byte{byte('a' + i)}, 64<<10)))
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dirA, "again", "one"), []byte("changed after\n"), 0o644))
+	require.NoError(t, st.Complete())
+}
+
+// An -after stage's output damaged in the store is the store's fault, not
+// the work's: Begins of the stage after it that meet the damage (each
+// records a begin, then fails it) do not use up its MaxAttempts, so that
+// once the damage is repaired as Begin's error advises, "begin this stage
+// again" begins it, instead of finding it awaiting a person ("retries
+// exhausted") for a fault that was never its own.
+func TestAfterOutputDamagedDoesNotUseUpAttempts(t *testing.T) {
+	db, makeA := damagedA(t)
+	ctx := context.Background()
+
+	r2, err := db.Open(ctx, "r", t.TempDir(), nil) // MaxAttempts 3
+	require.NoError(t, err)
+	defer r2.Close()
+	for i := range 4 {
+		_, err = r2.Begin(ctx, "b", runstate.After("a"))
+		require.ErrorIs(t, err, runstate.ErrCorrupt, "try %d", i+1)
+		assert.NotErrorIs(t, err, runstate.ErrNeedsPerson, "try %d", i+1)
+	}
+
+	r3, err := db.Open(ctx, "r", t.TempDir(), nil)
+	require.NoError(t, err)
+	defer r3.Close()
+	require.NoError(t, r3.Do(ctx, "a", makeA))
+	st, err := r2.Begin(ctx, "b", runstate.After("a"))
+	require.NoError(t, err, "the advice's 'begin this stage again' begins it")
 	require.NoError(t, st.Complete())
 }
