@@ -158,6 +158,14 @@ func (r *Run) fetchOutputs(ctx context.Context, outs []Output, of []string) erro
 	return nil
 }
 
+// damagedBytes is the error for an output's bytes from the store that
+// are not the recorded ones: errors.Is(err, ErrCorrupt) holds, but its
+// text says that the stored bytes are damaged, not the ledger.
+type damagedBytes struct{ what string }
+
+func (e *damagedBytes) Error() string        { return "runstate: stored output bytes are damaged: " + e.what }
+func (e *damagedBytes) Is(target error) bool { return target == ErrCorrupt }
+
 // fetchOutput streams one output's bytes from the store into a temp file
 // in logs/tmp, checks them, and renames it into place.
 func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
@@ -176,7 +184,7 @@ func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
 			return err
 		}
 		if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
-			return fmt.Errorf("%w: the store's bytes (%d) do not hash to the recorded sha256 %s", ErrCorrupt, n, o.SHA256)
+			return &damagedBytes{fmt.Sprintf("the store's bytes (%d) do not hash to the recorded sha256 %s", n, o.SHA256)}
 		}
 		return nil
 	})

@@ -357,6 +357,15 @@ type blobReader struct {
 	where  string // where the bytes are, for errors
 }
 
+// damagedBytes is the error for stored bytes that are not the ones their
+// sum names: errors.Is(err, runstate.ErrCorrupt) holds, as Blobs.Get
+// promises, but its text says that the output's stored bytes are damaged,
+// not the ledger (whose records are whole).
+type damagedBytes struct{ what string }
+
+func (e *damagedBytes) Error() string        { return "runstate: stored output bytes are damaged: " + e.what }
+func (e *damagedBytes) Is(target error) bool { return target == runstate.ErrCorrupt }
+
 func (r *blobReader) Read(p []byte) (int, error) {
 	for len(r.buf) == 0 {
 		if r.err != nil {
@@ -364,7 +373,7 @@ func (r *blobReader) Read(p []byte) (int, error) {
 		}
 		if r.next == r.chunks {
 			if r.got != r.size || hex.EncodeToString(r.h.Sum(nil)) != r.sum {
-				r.err = fmt.Errorf("%w: blob %s in %s has %d bytes with another hash (damaged?)", runstate.ErrCorrupt, r.sum, r.where, r.got)
+				r.err = &damagedBytes{fmt.Sprintf("blob %s in %s has %d bytes with another hash", r.sum, r.where, r.got)}
 			} else {
 				r.err = io.EOF
 			}
@@ -374,7 +383,7 @@ func (r *blobReader) Read(p []byte) (int, error) {
 		err := r.b.db.pool.QueryRow(r.ctx, r.b.db.sql(`SELECT data FROM {s}.blob_chunks WHERE sha256 = $1 AND n = $2`), r.want, r.next).Scan(&data)
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
-				err = fmt.Errorf("%w: blob %s lacks chunk %d in %s.blob_chunks", runstate.ErrCorrupt, r.sum, r.next, r.b.db.schema)
+				err = &damagedBytes{fmt.Sprintf("blob %s lacks chunk %d in %s.blob_chunks", r.sum, r.next, r.b.db.schema)}
 			}
 			r.err = err
 			continue

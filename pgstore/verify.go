@@ -167,8 +167,12 @@ func (s *store) rehash(ctx context.Context, outs []output) ([]runstate.Problem, 
 		if err == nil {
 			continue
 		}
+		why := err.Error()
+		if d, ok := errors.AsType[*damagedBytes](err); ok {
+			why = d.what
+		}
 		probs = append(probs, runstate.Problem{File: s.String(),
-			What: o.describe("its stored bytes do not match it: " + strings.TrimPrefix(err.Error(), runstate.ErrCorrupt.Error()+": ")),
+			What: o.describe("its stored bytes do not match it: " + why),
 			Fix:  s.damagedFix(o)})
 	}
 	return probs, nil
