@@ -117,12 +117,15 @@ func (r *Run) putOutput(ctx context.Context, bs Blobs, o Output, kept map[string
 	return bs.Put(ctx, o.SHA256, o.Size, f)
 }
 
-// afterOutputs returns the outputs of the stages ev names with After, as
-// the state s records them (under the lock, with the fingerprints), and
-// the stage of each.
+// afterOutputs returns the outputs of the stages ev names with After
+// that are complete, as the state s records them (under the lock, with the
+// fingerprints; or the session's view outside it), and the stage of each.
+// A stage running again keeps its last outputs in s until it ends: they
+// are left out, or a fetch would write the old bytes over the ones its
+// attempt is writing in this directory.
 func (ev *evidence) afterOutputs(s *state) (outs []Output, of []string) {
 	for _, dep := range ev.after {
-		if d := s.stages[dep]; d != nil {
+		if d := s.stages[dep]; d != nil && d.State == StateComplete {
 			outs = append(outs, d.Outputs...)
 			for range d.Outputs {
 				of = append(of, dep)

@@ -442,3 +442,37 @@ func TestAfterOutputDamagedDoesNotUseUpAttempts(t *testing.T) {
 	require.NoError(t, err, "the advice's 'begin this stage again' begins it")
 	require.NoError(t, st.Complete())
 }
+
+// A stage running again in this working directory keeps its last
+// outputs in the run's state until it ends. A Begin of a stage After it
+// meanwhile is ErrNotReady, and fetches nothing: the bytes the running
+// attempt wrote stay, and its complete records them.
+func TestABeginAfterARunningStageLeavesItsNewBytes(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "redo under a begin"})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/a.txt", []byte("old\n")) }))
+	require.NoError(t, r.Invalidate(ctx, "a", "redo"))
+	st, err := r.Begin(ctx, "a")
+	require.NoError(t, err)
+	require.NoError(t, st.WriteFile("out/a.txt", []byte("new\n")))
+
+	_, err = r.Begin(ctx, "b", runstate.After("a"))
+	require.ErrorIs(t, err, runstate.ErrNotReady)
+	got, err := os.ReadFile(filepath.Join(dir, "out", "a.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "new\n", string(got), "the running attempt's bytes stay")
+	require.NoError(t, st.Complete())
+	status, err := r.Status()
+	require.NoError(t, err)
+	a, ok := status.Stage("a")
+	require.True(t, ok)
+	require.Len(t, a.Outputs, 1)
+	assert.Equal(t, hex.EncodeToString(sumOf([]byte("new\n"))), a.Outputs[0].SHA256, "the complete records the new bytes")
+	stB, err := r.Begin(ctx, "b", runstate.After("a"))
+	require.NoError(t, err)
+	require.NoError(t, stB.Complete())
+}
