@@ -155,7 +155,18 @@ func (s *store) lockOnce(ctx context.Context, ses *session, runID string, from r
 	}
 	b := &batch{s: s, ses: ses, conn: conn, runID: runID}
 	if err := b.begin(ctx, from, false); err != nil {
+		pc := conn.Conn().PgConn()
 		b.release()
+		if ctx.Err() != nil && pc.IsClosed() {
+			// ctx ended the wait for the head row: pgx closed the
+			// connection and asks the server, on a connection of its
+			// own and after this returns, to cancel the statement. Until
+			// that lands the backend still waits in the row's queue
+			// (ahead of later writers); wait, as the session's start
+			// does, until the server has ended it, so that the error
+			// leaves no backend waiting behind.
+			waitBackendGone(s.db, pc.PID())
+		}
 		return nil, err
 	}
 	return b, nil

@@ -121,14 +121,18 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 	if err != nil {
 		return nil, err
 	}
-	ok := false
+	ok, undo := false, false
 	defer func() {
 		if !ok {
 			// Nothing is left behind: no lock (the run's, its want lock,
-			// the session's), no backend still waiting for one.
+			// the session's), no backend still waiting for one, no
+			// sessions row.
 			pid := conn.PgConn().PID()
 			closeNow(conn)
 			waitBackendGone(db, pid)
+			if undo {
+				dropSessionRow(db, id)
+			}
 		}
 	}()
 	// The run's lock first, shared: it may wait for a session that has the
@@ -150,6 +154,10 @@ func (db *DB) hold(ctx context.Context, runID, id string, yield func(epoch uint6
 	if _, err := conn.Exec(ctx, db.sql(`INSERT INTO {s}.sessions (id, run_id, lock_key, host, pid) VALUES ($1, $2, $3, $4, $5)`),
 		id, runID, s.key, host, os.Getpid()); err != nil {
 		if cerr := ctx.Err(); cerr != nil { // the run's row locked FOR UPDATE (FOR KEY SHARE waits for it)
+			// ctx may have ended the call after the server committed
+			// the row (pgx does not wait for the reply): the deferred
+			// cleanup deletes it once the backend is gone.
+			undo = true
 			return nil, fmt.Errorf("pgstore: session %s: recording the session on run %s: %w; nothing was recorded: see pg_stat_activity for who holds the run's row in %s.runs", id, runID, lockTimeout(cerr), db.schema)
 		}
 		return nil, db.rightsError("record session "+id, err)
@@ -642,7 +650,8 @@ func lockTimeout(cerr error) error {
 }
 
 // waitBackendGone waits, at most a second, until the server has ended
-// the backend pid of a connection just closed (closeNow): its session
+// the backend pid of a connection just closed (closeNow, or pgx's own
+// close when a context ended a statement: lockOnce): its session
 // locks are then free, and a statement it was waiting in is over (pgx
 // asks the server to cancel it when a context ends the wait).
 func waitBackendGone(db *DB, pid uint32) {
@@ -656,6 +665,15 @@ func waitBackendGone(db *DB, pid uint32) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// dropSessionRow deletes session id's row (best effort, at most a
+// second): a start that failed leaves none behind, also when the INSERT
+// that ctx ended had committed.
+func dropSessionRow(db *DB, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = db.pool.Exec(ctx, db.sql("DELETE FROM {s}.sessions WHERE id = $1"), id)
 }
 
 // waitAdvisoryFree waits, as long as ctx allows, until the server has
