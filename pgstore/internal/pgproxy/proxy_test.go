@@ -180,7 +180,12 @@ func TestCutTheSecondTransactionOfAPipeline(t *testing.T) {
 			require.NoError(t, err)
 			defer c.Close(ctx)
 			q := "INSERT INTO " + table + " (k, v) VALUES ($1, $2)"
-			a := p.Arm(pgproxy.Rule{Cut: cut, Match: []string{"marker-43"}})
+			// Refuse: pgx answers the cut with a CancelRequest (a new
+			// connection, through the proxy); on a loaded machine it reached
+			// the backend while that was still running the first
+			// transaction, forwarded before the cut, and rolled it back
+			// ("canceling statement due to user request" on the INSERT).
+			a := p.Arm(pgproxy.Rule{Cut: cut, Match: []string{"marker-43"}, Refuse: true})
 			b := new(pgx.Batch)
 			b.Queue("BEGIN")
 			b.Queue(q, "first", []byte("no mark"))
@@ -198,6 +203,12 @@ func TestCutTheSecondTransactionOfAPipeline(t *testing.T) {
 			}
 			_ = br.Close()
 			assert.True(t, a.Wait(time.Second), "the rule did not fire")
+			// The cut is the proxy's; the server's backend may not have
+			// read, let alone run, what the proxy forwarded before it (the
+			// first COMMIT, before COMMIT) when the client hears of it:
+			// the rows are counted once that backend is gone, when what it
+			// committed and what it rolled back are settled.
+			backendGone(t, direct, c.PgConn().PID())
 			assert.Equal(t, 1, count(t, direct, table, "first"))
 			if cut == pgproxy.AfterCommit {
 				assert.Equal(t, 5, failed, "the client hears every reply but the second COMMIT's; proxy log %q", p.Log())
@@ -207,6 +218,24 @@ func TestCutTheSecondTransactionOfAPipeline(t *testing.T) {
 				assert.GreaterOrEqual(t, failed, 0, "the client sees the cut")
 			}
 		})
+	}
+}
+
+// backendGone waits, up to 10 s, until the server has ended the backend
+// pid (a connection the proxy cut).
+func backendGone(t *testing.T, dsn string, pid uint32) {
+	t.Helper()
+	ctx := context.Background()
+	c := connect(t, dsn)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive bool
+		require.NoError(t, c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", int64(pid)).Scan(&alive))
+		if !alive {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the server did not end the cut connection's backend (pid %d) in 10 s", pid)
+		time.Sleep(time.Millisecond)
 	}
 }
 
