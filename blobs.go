@@ -135,6 +135,28 @@ func (ev *evidence) afterOutputs(s *state) (outs []Output, of []string) {
 	return outs, of
 }
 
+// afterDone reports whether every stage ev names with After is done in
+// s: else Begin is not ready, and looks at no After output.
+func (ev *evidence) afterDone(s *state) bool {
+	for _, dep := range ev.after {
+		if d := s.stages[dep]; d == nil || !done(d.State) {
+			return false
+		}
+	}
+	return true
+}
+
+// holdsOutputs reports whether the local copy of each of outs is what
+// the record says. It writes nothing.
+func (r *Run) holdsOutputs(outs []Output) bool {
+	for _, o := range outs {
+		if sum, size, err := r.out.hash(o.Path); err != nil || sum != o.SHA256 || size != o.Size {
+			return false
+		}
+	}
+	return true
+}
+
 // fetchOutputs makes the local copy of each of outs, outputs of the
 // stages of, what the record says, from the store's bytes where it is
 // missing or differs.

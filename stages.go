@@ -354,10 +354,17 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 	// The After stages' outputs are fetched before the begin is recorded:
 	// one that cannot be fetched (damaged in the store, the server gone)
 	// is an error with nothing recorded, not a failed attempt counted
-	// against the stage. have is what was fetched; want, what the last
-	// decision under the lock asked for.
+	// against the stage. have is what is in place locally (hashed, or
+	// fetched); want, what the last decision under the lock asked for.
+	//
+	// The session's view outside the lock may be older than the run (an
+	// After stage another session of this directory is running again
+	// right now): outside the lock Begin only hashes the local copies of
+	// what the view names, and writes nothing; what it fetches is what
+	// the decision under the lock asked for (fetchNow).
 	var have, want []Output
 	var wantOf []string
+	fetchNow := false
 	fetching := r.store.Blobs() != nil // a store without bytes has nothing to fetch
 	for tries := 0; ; tries++ {
 		// Look at a done stage's outputs outside the lock: hashing files
@@ -369,15 +376,19 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if look != nil && look.State == StateComplete {
 			seen, outs = look.DoneSeq, look.Outputs
 		}
-		if fetching && tries == 0 && mayBegin(look) {
-			want, wantOf = ev.afterOutputs(r.st)
+		var viewed []Output
+		if fetching && tries == 0 && mayBegin(look) && ev.afterDone(r.st) {
+			viewed, _ = ev.afterOutputs(r.st)
 		}
 		r.stMu.RUnlock()
-		if want != nil {
+		if len(viewed) > 0 && r.holdsOutputs(viewed) { // blobs.go
+			have = viewed
+		}
+		if fetchNow {
 			if err := r.fetchOutputs(ctx, want, wantOf); err != nil { // blobs.go
 				return nil, err
 			}
-			have, want, wantOf = want, nil, nil
+			have, want, wantOf, fetchNow = want, nil, nil, false
 		}
 		outReason := ""
 		if seen != 0 {
@@ -454,7 +465,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			why = attemptReason(st, recs)
 			afterOuts, afterOf = ev.afterOutputs(s)
 			if fetching && !sameOutputs(afterOuts, have) && tries < 10 {
-				want, wantOf = afterOuts, afterOf
+				want, wantOf, fetchNow = afterOuts, afterOf, true
 				return nil, errFetchFirst
 			}
 			recs = append(recs, &Record{Ev: evBegin, Stage: name, Attempt: attempt, Inputs: fps, Reason: why})

@@ -443,36 +443,47 @@ func TestAfterOutputDamagedDoesNotUseUpAttempts(t *testing.T) {
 	require.NoError(t, st.Complete())
 }
 
-// A stage running again in this working directory keeps its last
-// outputs in the run's state until it ends. A Begin of a stage After it
-// meanwhile is ErrNotReady, and fetches nothing: the bytes the running
-// attempt wrote stay, and its complete records them.
+// A stage running again in a working directory keeps its last outputs in
+// the run's state until it ends. A Begin of a stage After it meanwhile is
+// ErrNotReady and writes nothing there, from the session running it (its
+// view is current) and from another session of the directory (two
+// `runstate exec` on one machine) whose view is older (a complete, with
+// the old bytes): the bytes the running attempt wrote stay, and its
+// complete records them. Before, both fetched a's old bytes from the
+// database over the new ones.
 func TestABeginAfterARunningStageLeavesItsNewBytes(t *testing.T) {
 	db := newTestDB(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "redo under a begin"})
+	r1, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "redo under a begin"})
 	require.NoError(t, err)
-	defer r.Close()
-	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/a.txt", []byte("old\n")) }))
-	require.NoError(t, r.Invalidate(ctx, "a", "redo"))
-	st, err := r.Begin(ctx, "a")
+	defer r1.Close()
+	require.NoError(t, r1.Do(ctx, "a", func(ctx context.Context, st *runstate.Stage) error { return st.WriteFile("out/a.txt", []byte("old\n")) }))
+	r2, err := db.Open(ctx, "r", dir, nil)
 	require.NoError(t, err)
-	require.NoError(t, st.WriteFile("out/a.txt", []byte("new\n")))
+	defer r2.Close()
 
-	_, err = r.Begin(ctx, "b", runstate.After("a"))
-	require.ErrorIs(t, err, runstate.ErrNotReady)
-	got, err := os.ReadFile(filepath.Join(dir, "out", "a.txt"))
+	require.NoError(t, r1.Invalidate(ctx, "a", "redo"))
+	st, err := r1.Begin(ctx, "a")
 	require.NoError(t, err)
-	assert.Equal(t, "new\n", string(got), "the running attempt's bytes stay")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "out", "a.txt"), []byte("new\n"), 0o644)) // the command's write
+	require.NoError(t, st.Output("out/a.txt"))
+
+	for _, r := range []*runstate.Run{r1, r2} {
+		_, err = r.Begin(ctx, "b", runstate.After("a"))
+		require.ErrorIs(t, err, runstate.ErrNotReady)
+		got, err := os.ReadFile(filepath.Join(dir, "out", "a.txt"))
+		require.NoError(t, err)
+		assert.Equal(t, "new\n", string(got), "the running attempt's bytes stay")
+	}
 	require.NoError(t, st.Complete())
-	status, err := r.Status()
+	status, err := r1.Status()
 	require.NoError(t, err)
 	a, ok := status.Stage("a")
 	require.True(t, ok)
 	require.Len(t, a.Outputs, 1)
-	assert.Equal(t, hex.EncodeToString(sumOf([]byte("new\n"))), a.Outputs[0].SHA256, "the complete records the new bytes")
-	stB, err := r.Begin(ctx, "b", runstate.After("a"))
+	assert.Equal(t, hex.EncodeToString(sumOf([]byte("new\n"))), a.Outputs[0].SHA256, "a's second attempt records the bytes it wrote")
+	stB, err := r2.Begin(ctx, "b", runstate.After("a"))
 	require.NoError(t, err)
 	require.NoError(t, stB.Complete())
 }
