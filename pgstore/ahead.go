@@ -320,7 +320,9 @@ func (s *store) dropPipeline() {
 // connection in normal mode; end: the connection is closed too (its key
 // let go). It is kept otherwise, with its statements prepared: opening one
 // takes a connection's setup, and a batch of projections alone, which does
-// not go on the pipeline, comes every second or so. The caller holds a.mu.
+// not go on the pipeline, comes as often as every 50 ms while records come
+// (the views' timer, runstate's handoffLag; the manifest's at most every
+// second). The caller holds a.mu.
 func (s *store) releasePipeline(ctx context.Context, end bool) error {
 	err := s.readBack(ctx)
 	if a := &s.ahead; a.conn != nil && end {
