@@ -191,6 +191,21 @@ type damagedBytes struct{ what string }
 func (e *damagedBytes) Error() string        { return "runstate: stored output bytes are damaged: " + e.what }
 func (e *damagedBytes) Is(target error) bool { return target == ErrCorrupt }
 
+// readErrOf reads r, keeping in *err an error other than io.EOF that r
+// returned.
+type readErrOf struct {
+	r   io.Reader
+	err *error
+}
+
+func (e readErrOf) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		*e.err = err
+	}
+	return n, err
+}
+
 // fetchOutput streams one output's bytes from the store into a temp file
 // in logs/tmp, checks them, and renames it into place.
 func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
@@ -203,16 +218,21 @@ func (r *Run) fetchOutput(ctx context.Context, bs Blobs, o Output) (err error) {
 	}
 	defer rc.Close()
 	h := sha256.New()
+	var bad error // the store's bytes could not be read, or are not the recorded ones
 	err = r.out.writeFrom(o.Path, func(w io.Writer) error {
-		n, err := io.Copy(io.MultiWriter(w, h), rc)
+		n, err := io.Copy(io.MultiWriter(w, h), readErrOf{rc, &bad})
 		if err != nil {
 			return err
 		}
 		if n != o.Size || hex.EncodeToString(h.Sum(nil)) != o.SHA256 {
-			return &damagedBytes{fmt.Sprintf("the store's bytes (%d) do not hash to the recorded sha256 %s", n, o.SHA256)}
+			bad = &damagedBytes{fmt.Sprintf("the store's bytes (%d) do not hash to the recorded sha256 %s", n, o.SHA256)}
+			return bad
 		}
 		return nil
 	})
+	if bad != nil && err != nil {
+		err = bad // what the store gave: "output PATH" adds nothing to "fetch output PATH" below
+	}
 	if err != nil {
 		if errors.Is(err, ErrCorrupt) { // the store's check, or this one
 			r.damaged.Store(o.SHA256, true)

@@ -213,7 +213,8 @@ func TestAfterOutputDamagedInTheStoreSaysWhichStageToRun(t *testing.T) {
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "stage a's stored output out/big.bin is damaged: run stage a in a working directory without that output")
 	assert.Contains(t, err.Error(), "then begin this stage again")
-	assert.Contains(t, err.Error(), "runstate: stored output bytes are damaged: blob ")
+	assert.Contains(t, err.Error(), "runstate: fetch output out/big.bin from run \"r\" in schema ")
+	assert.Contains(t, err.Error(), "): runstate: stored output bytes are damaged: blob ", "the store's error, named once with the output")
 	assert.NotContains(t, err.Error(), "ledger", "the ledger is whole")
 	assert.Empty(t, recordsOf(ledger(t, db, "r"), "b"), "nothing recorded of b")
 
