@@ -100,6 +100,18 @@ func (b *blobRuns) open(t *testing.T, dir string) *runstate.Run {
 
 func sumHex(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
 
+// aDone makes a run whose stage a wrote data to out/a.txt in a new
+// directory, with one session on it there; it returns the runs, the
+// directory and that session.
+func aDone(t *testing.T, data string) (*blobRuns, string, *runstate.Run) {
+	t.Helper()
+	br := newBlobRuns()
+	dir := t.TempDir()
+	r1 := br.open(t, dir)
+	writeOut(t, r1, data)
+	return br, dir, r1
+}
+
 // writeOut runs stage "a", writing data to out/a.txt as a command would
 // (os.WriteFile, then Stage.Output).
 func writeOut(t *testing.T, r *runstate.Run, data string) {
@@ -121,10 +133,7 @@ func writeOut(t *testing.T, r *runstate.Run, data string) {
 // or a's complete records the old bytes as its new attempt's output.
 func TestStaleViewBeginAfterLeavesARunningAttemptsBytes(t *testing.T) {
 	ctx := context.Background()
-	br := newBlobRuns()
-	dir := t.TempDir()
-	r1 := br.open(t, dir)
-	writeOut(t, r1, "old\n")
+	br, dir, r1 := aDone(t, "old\n")
 	r2 := br.open(t, dir) // its view: a complete, "old"
 
 	require.NoError(t, r1.Invalidate(ctx, "a", "redo"))
@@ -153,10 +162,7 @@ func TestStaleViewBeginAfterLeavesARunningAttemptsBytes(t *testing.T) {
 // does not begin. runstate exec -wait calls Begin every few seconds.
 func TestNotReadyBeginFetchesNothing(t *testing.T) {
 	ctx := context.Background()
-	br := newBlobRuns()
-	dir := t.TempDir()
-	r1 := br.open(t, dir)
-	writeOut(t, r1, "old\n")
+	br, dir, r1 := aDone(t, "old\n")
 	require.NoError(t, os.Remove(filepath.Join(dir, "out", "a.txt")))
 
 	gets := br.blobs.gets.Load()
@@ -173,10 +179,7 @@ func TestNotReadyBeginFetchesNothing(t *testing.T) {
 // for it.
 func TestBeginAfterAStageThatLostItsOutputsLocksOnceOrTwice(t *testing.T) {
 	ctx := context.Background()
-	br := newBlobRuns()
-	dir := t.TempDir()
-	r1 := br.open(t, dir)
-	writeOut(t, r1, "old\n")
+	br, dir, r1 := aDone(t, "old\n")
 	r2 := br.open(t, dir) // its view: a complete, with out/a.txt
 	require.NoError(t, r1.Invalidate(ctx, "a", "redo"))
 	st, err := r1.Begin(ctx, "a")
@@ -188,4 +191,20 @@ func TestBeginAfterAStageThatLostItsOutputsLocksOnceOrTwice(t *testing.T) {
 	require.NoError(t, err)
 	assert.LessOrEqual(t, br.locks.Load()-before, int64(2), "Locks taken by one Begin")
 	require.NoError(t, stB.Complete())
+}
+
+// A Begin of b After a whose outputs are in place in the directory, as
+// the session's view and the run record them (its session wrote them), takes the run's lock once
+// and fetches nothing: what the look outside the lock hashed is what the
+// decision under it asks for.
+func TestBeginAfterOutputsInPlaceLocksOnce(t *testing.T) {
+	ctx := context.Background()
+	br, _, r := aDone(t, "in place\n")
+
+	locks, gets := br.locks.Load(), br.blobs.gets.Load()
+	st, err := r.Begin(ctx, "b", runstate.After("a"))
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), br.locks.Load()-locks, "Locks taken by one Begin")
+	assert.Equal(t, gets, br.blobs.gets.Load(), "nothing fetched")
+	require.NoError(t, st.Complete())
 }

@@ -146,17 +146,6 @@ func (ev *evidence) afterDone(s *state) bool {
 	return true
 }
 
-// holdsOutputs reports whether the local copy of each of outs is what
-// the record says. It writes nothing.
-func (r *Run) holdsOutputs(outs []Output) bool {
-	for _, o := range outs {
-		if sum, size, err := r.out.hash(o.Path); err != nil || sum != o.SHA256 || size != o.Size {
-			return false
-		}
-	}
-	return true
-}
-
 // fetchOutputs makes the local copy of each of outs, outputs of the
 // stages of, what the record says, from the store's bytes where it is
 // missing or differs.

@@ -287,7 +287,7 @@ var errRecheck = errors.New("runstate: stage changed; check again")
 
 // errFetchFirst makes Begin fetch the After stages' outputs the decision
 // under the lock found (Begin.want) before it records the begin: they
-// were not the ones it had fetched.
+// were not the ones in place in the directory.
 var errFetchFirst = errors.New("runstate: After outputs to fetch before the begin")
 
 // mayBegin reports whether Begin, seeing st outside the lock, expects to
@@ -381,7 +381,7 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			viewed, _ = ev.afterOutputs(r.st)
 		}
 		r.stMu.RUnlock()
-		if len(viewed) > 0 && r.holdsOutputs(viewed) { // blobs.go
+		if len(viewed) > 0 && r.out.check(viewed) == "" { // the local copies are as recorded
 			have = viewed
 		}
 		if fetchNow {
