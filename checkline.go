@@ -21,7 +21,7 @@ func DecodeLine(line []byte) (rec *Record, crc bool, err error) {
 }
 
 // CheckKey reports whether key is a valid effect key (Run.Effect,
-// Stage.Effect): not empty, valid UTF-8 of at most 4 KiB, no control
+// Run.Resolve): not empty, valid UTF-8 of at most 4 KiB, no control
 // character. The error wraps ErrInvalid and quotes the key. Tools that
 // take a key from a person check it with this before opening the run. It
 // reads and writes nothing and is safe for concurrent use.

@@ -16,8 +16,9 @@ var (
 	// that is still alive (this one or another process).
 	ErrBusy = errors.New("runstate: stage is running in a live session")
 
-	// ErrClosed is returned by every method of a Run after Close, and by
-	// the methods of a Stage whose attempt already ended.
+	// ErrClosed is returned by every method of a Run after Close (but
+	// Close, which returns nil, and Dir, ID and Session, which still
+	// answer), and by the methods of a Stage whose attempt already ended.
 	ErrClosed = errors.New("runstate: run is closed")
 
 	// ErrCorrupt is wrapped by *CorruptError: the ledger has a bad line, a
@@ -30,7 +31,9 @@ var (
 	ErrVersion = errors.New("runstate: unsupported format version")
 
 	// ErrMismatch means Open was given a Request different from the one
-	// the run was created for.
+	// the run was created for (or a directory that names a run kept
+	// elsewhere: WorkDirFile), or Run.Effect a Request different from the
+	// one its key was recorded with.
 	ErrMismatch = errors.New("runstate: run identity mismatch")
 
 	// ErrUnconfirmed means an external side effect may or may not have
@@ -57,6 +60,9 @@ var (
 
 	// ErrStale is returned by Complete when an input changed while the
 	// stage ran. The stage is invalidated, not complete; run it again.
+	// Complete, Fail and Await also return it, recording nothing, when
+	// the attempt no longer runs (an operator invalidated it, or another
+	// session took the stage over).
 	ErrStale = errors.New("runstate: evidence changed while the stage ran")
 
 	// ErrReadOnly is returned after a write to the ledger failed in a way
@@ -183,7 +189,7 @@ const (
 // Options.MaxAttempts failures, then it awaits a person. An error that
 // carries no class is retryable. Like NeedsPerson and Fatal, Retryable only
 // wraps err and records nothing: Stage.Fail (or Do, when fn returns it)
-// records the class.
+// records the class. A nil err stays nil. Safe for concurrent use.
 func Retryable(err error) error {
 	if err == nil {
 		return nil
@@ -192,7 +198,9 @@ func Retryable(err error) error {
 }
 
 // NeedsPerson marks err as needing a person: the stage awaits Approve, and
-// reason is what the person is asked to do.
+// reason is what the person is asked to do. A nil err becomes an error
+// whose text is reason. It only wraps err and records nothing (see
+// Retryable); safe for concurrent use.
 func NeedsPerson(err error, reason string) error {
 	if err == nil {
 		err = errors.New(reason)
@@ -201,7 +209,8 @@ func NeedsPerson(err error, reason string) error {
 }
 
 // Fatal marks err as final: Begin refuses the stage with ErrFatal until an
-// operator invalidates it.
+// operator invalidates it. A nil err stays nil. It only wraps err and
+// records nothing (see Retryable); safe for concurrent use.
 func Fatal(err error) error {
 	if err == nil {
 		return nil

@@ -13,6 +13,14 @@ import (
 // a message sent, a payment made. Run.Effect records an intent durably
 // before calling Do and the receipt after, so that no session sends it
 // twice.
+//
+// Run.Effect calls Do and Check on its caller's goroutine. Do runs for a
+// key only in the session that recorded its newest intent, never while
+// another attempt of the key (in any live session, this one included)
+// is under way. Check may run for one key in several goroutines and
+// sessions at once (each settling an outcome it found unknown), so it
+// must only ask. One Effect value used for several keys sees calls for
+// each at once.
 type Effect struct {
 	// Request is the payload, recorded with the intent (optional). The
 	// same key with a different Request is refused with ErrMismatch, as

@@ -11,7 +11,9 @@ import (
 )
 
 // Options configure Open. A nil *Options and the zero Options mean the
-// defaults. Open copies what it needs and never writes into Options.
+// defaults. Open copies what it needs and never writes into Options, so
+// one Options may be passed to several Opens at once, while no one
+// changes it.
 type Options struct {
 	// Request is the run's identity: what it serves. Open refuses a run
 	// created for another Request with ErrMismatch. Required to create a
@@ -47,13 +49,14 @@ type Options struct {
 	// not be written) and debug records. Nil discards them.
 	Logger *slog.Logger
 
-	// LockTimeout bounds how long Open, Close, and a Stage's Complete,
-	// Fail and Await wait for logs/ledger.lock while another process
-	// holds it (the calls that take a context wait as long as it allows,
-	// and Open no longer than this either). A wait that runs out fails
-	// with ErrLockTimeout, naming the holder where it can be found. Zero
-	// waits forever, as bbolt's Options.Timeout does; a wait longer than
-	// a few seconds is logged with the holder either way.
+	// LockTimeout bounds how long Open, Close, a Stage's Complete, Fail
+	// and Await, and Run.Effect's record of the outcome after Do wait for
+	// logs/ledger.lock while another process holds it (the calls that
+	// take a context wait as long as it allows, and Open no longer than
+	// this either). A wait that runs out fails with ErrLockTimeout,
+	// naming the holder where it can be found. Zero waits forever, as
+	// bbolt's Options.Timeout does; a wait longer than a few seconds is
+	// logged with the holder either way.
 	LockTimeout time.Duration
 
 	// NoSync skips every fsync. Unsafe: an acknowledged record may be lost

@@ -267,7 +267,14 @@ func (st *Stage) collectOutputs() ([]Output, error) {
 // or in its journal: see the package doc) and logs/next-steps.txt is
 // current. When an input changed while the stage ran, Complete records the
 // stage as invalidated instead and returns ErrStale: run it again.
-// Safe for concurrent use; a second call returns ErrClosed.
+// ErrStale with nothing recorded means the attempt no longer runs (an
+// operator invalidated it, or another session took the stage over).
+// Any other error acknowledges nothing. While the Run stays writable
+// (not ErrReadOnly) the attempt stays open: call Complete again (after
+// writing a missing output, say) or Fail; left so, the next Begin or Do
+// of the stage in this Run records it as interrupted. Safe for
+// concurrent use; once the attempt ended (nil, or ErrStale), a later call
+// returns ErrClosed.
 func (st *Stage) Complete() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -327,7 +334,9 @@ func (st *Stage) Complete() error {
 // caller's cancellation, not a failure of the work: it is recorded with
 // the reason "canceled: ..." and does not count either. When Fail returns
 // nil the record is durable. Fail returns nil for a nil err without
-// ending the attempt. Safe for concurrent use.
+// ending the attempt. Any other error acknowledges nothing, as for
+// Complete (ErrStale: the attempt no longer runs; ErrClosed: it already
+// ended). Safe for concurrent use.
 func (st *Stage) Fail(err error) error { return st.fail(err, canceledBy(st.caller, err)) }
 
 // canceledReason marks a fail record of an attempt that its caller

@@ -17,7 +17,9 @@ import (
 
 // Input is a piece of evidence a stage starts from. Begin fingerprints each
 // input and records the fingerprints; a completed stage is redone when one
-// changed. Build inputs with File, Value, After and ValidFor.
+// changed. Build inputs with File, Value, After and ValidFor. An Input is
+// never changed once built: copy it, keep it and pass it to Begins in
+// several goroutines at once.
 type Input struct {
 	kind     int
 	name     string // the name reasons quote
@@ -328,6 +330,10 @@ func sameOutputs(a, b []Output) bool {
 // ErrTransition when the run's Flow forbids it, and with ErrInvalid when
 // the inputs' names and fingerprints encode to more than 4 MiB. A stage
 // begun by a session that died is recorded as interrupted and begun again.
+// An error means no attempt is under way and Begin recorded nothing,
+// except when the After stages changed under each of ten fetches (the
+// begin is then recorded first, and a fetch that fails is recorded as the
+// attempt's failure) or the Run turned read-only in the begin's own batch.
 //
 // The begin record is written but not fsync'd: until Complete, Fail or
 // Await, nothing is acknowledged. It does not wait for another goroutine's
@@ -545,7 +551,11 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // Fail when it returns an error. When the stage is done and its evidence
 // holds, Do returns nil at once without calling fn. A panic in fn is
 // recorded as a failure and then re-raised (bbolt's Update does the same).
-// When Do returns nil the stage's completion is durable. The ctx fn gets
+// When Do returns nil the stage's completion is durable, unless fn ended
+// the attempt itself (Stage.Complete, Fail or Await): Do then records
+// nothing more and returns what fn returned, so an fn that calls Fail or
+// Await returns that call's error, or Do returns nil for a stage that
+// failed or awaits a person. The ctx fn gets
 // is ctx, also cancelled when the session is lost (context.Cause wraps
 // ErrSessionLost: the store's lease is gone, another session may begin the
 // stage again) or the Run turns read-only (see Stage.Context). When the end record could not be

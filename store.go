@@ -58,8 +58,11 @@ type Position struct {
 // Store keeps the records of one run, and the liveness of the sessions
 // working on it. A Run calls its methods from one goroutine at a time,
 // except Read and Live, which may run concurrently with everything (also
-// from other processes, on a Store that no session has opened). A Store
-// value serves one Run: OpenStore calls Open once and Close once.
+// from other processes, on a Store that no session has opened), and Blobs
+// and String, which any goroutine of the Run may call at any time (Begin
+// and Complete ask Blobs outside the run's lock; errors and log messages
+// name the store). A Store value serves one Run: OpenStore calls Open once
+// and Close once.
 type Store interface {
 	// Open attaches the session (a UUIDv7 the Run made) to the run. It
 	// creates the run's storage when it is missing (an empty run: the
@@ -120,7 +123,11 @@ type Store interface {
 	// would release and nothing more (tests: runstatetest's Crash), so
 	// that the next session finds this one gone. Lines appended but not
 	// made durable may be lost then, as in a crash. Close is called once,
-	// with no Batch open.
+	// with no Batch open, except by runstatetest's simulated crashes:
+	// Crash on a Run already closed or crashed calls Close(false) again,
+	// and CrashAt at a point inside a batch (after-complete,
+	// between-projections) calls Close(false) while that Batch is open,
+	// whose Unlock follows. A store used with them must bear both.
 	Close(clean bool) error
 
 	// String names where the records live, for errors and messages: a
@@ -131,8 +138,9 @@ type Store interface {
 // Batch is the run's writer lock, held for one append batch (Store.Lock).
 // Its methods are called by one goroutine, in the order Tail, then any of
 // Now/Alive/Append, then Sync (when the batch acknowledges something),
-// Publish, and finally Unlock or Abort. Every method but Unlock and Abort
-// may be skipped.
+// Publish, and finally Unlock or Abort; a SideWriter's Now, Alive and
+// AppendWhileSyncing are the exception (another goroutine calls them
+// while Sync runs). Every method but Unlock and Abort may be skipped.
 type Batch interface {
 	// Tail calls fn for each line that other sessions appended after the
 	// Position given to Lock, in order, without the '\n' (the Run checks
@@ -334,8 +342,8 @@ type Blobs interface {
 // by Address too. A run directory's handoff names its
 // files (logs/ledger.jsonl, manifest.json) and the runstate commands on
 // the directory; a store without those files (a database, memory) says
-// instead where its records are. The Run asks once, at OpenStore. Safe for
-// concurrent use.
+// instead where its records are. The Run asks once, at OpenStore, and
+// again to name the run in a *CorruptError. Safe for concurrent use.
 type Addresser interface {
 	// Address is the run's address as the runstate command takes it
 	// (pgstore: postgres://USER@HOST:PORT/DB?run=NAME), without a
@@ -354,6 +362,11 @@ type Addresser interface {
 // Verifier is a Store with checks of its own (a database's constraints,
 // its blob table): VerifyStore adds their problems to its report.
 type Verifier interface {
+	// VerifyStore returns the problems the store's own checks find. The
+	// package's VerifyStore calls it, on a Store that no session opened
+	// as well, while sessions append: like Read, it must take no lock,
+	// write nothing and be safe for concurrent use. An error means the
+	// checks could not run; VerifyStore returns it.
 	VerifyStore(ctx context.Context) ([]Problem, error)
 }
 

@@ -89,7 +89,7 @@ type dirStore struct {
 // (runstatetest/storetest runs on it). Options' NoSync, Logger and
 // LockTimeout apply to it; nil means the defaults. It touches no file
 // until a method is called (nothing is durable until a Run appends
-// through it); it serves one Run, which serializes the calls it makes:
+// through it); it serves one Run, which makes its calls as Store says:
 // share a Store between goroutines only through that Run. NewFileStore
 // itself is safe for concurrent use.
 func NewFileStore(dir string, opts *Options) Store {

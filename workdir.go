@@ -82,6 +82,8 @@ func RunElsewhere(dir string) (address string, ok bool) {
 // closes the Run (cleanly) first. It may run while a timer's batch
 // publishes: the store makes the two safe together.
 type WorkDirViewer interface {
+	// ViewWorkDir starts the view of the run in dir, as WorkDirViewer
+	// says: OpenStore calls it once, on its caller's goroutine.
 	ViewWorkDir(dir, runID string) error
 }
 
@@ -94,5 +96,9 @@ type WorkDirViewer interface {
 // error fails OpenStore with nothing of the session recorded; the
 // directory is as it was. pgstore's DB.Store is one.
 type WorkDirChecker interface {
+	// CheckWorkDir returns an error that says why dir cannot be the
+	// session's working directory, or nil. dir may not exist yet (OpenStore
+	// creates it after the check). It is called once, on OpenStore's
+	// caller's goroutine, and must write nothing.
 	CheckWorkDir(dir, runID string) error
 }

@@ -79,9 +79,12 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 }
 
 // Inspect returns the status of the run named run as its records stand,
-// read without a session or a lock (like runstate.Inspect): a running
-// stage whose session's lock is free shows as interrupted. It writes
-// nothing and is safe for concurrent use, also while sessions append.
+// read without a session or a lock (like runstate.Inspect): a stage shows
+// as running until a record ends it, even when its session is gone (the
+// next session that opens the run, or begins the stage, records it
+// interrupted); db.Store(run).Live tells which sessions are gone. It
+// writes nothing and is safe for concurrent use, also while sessions
+// append.
 func (db *DB) Inspect(ctx context.Context, run string) (*runstate.Status, error) {
 	return runstate.InspectStore(ctx, db.reader(run))
 }
@@ -103,7 +106,9 @@ func (db *DB) ReadLedger(ctx context.Context, run string, fn func(*runstate.Reco
 // Export writes the run's records to w as a logs/ledger.jsonl: the exact
 // lines, each with its '\n', in seq order, from one snapshot (so
 // runstate.Verify and the runstate command read the file as they read a
-// run directory's ledger). It takes no lock; safe for concurrent use.
+// run directory's ledger). It writes nothing to the database and syncs
+// nothing: on an error, w may hold part of the lines, the last one cut
+// short. It takes no lock; safe for concurrent use (on different ws).
 func (db *DB) Export(ctx context.Context, run string, w io.Writer) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	_, err := db.reader(run).Read(ctx, runstate.Position{}, func(line []byte) error {

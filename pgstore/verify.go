@@ -39,7 +39,8 @@ type verifyOptions struct{ rehash bool }
 // it is stored under and its size: a blob whose bytes were altered in
 // blob_chunks, or lack a chunk, is reported with the outputs that need it.
 // It reads each distinct blob once: its cost grows with the bytes the
-// run's outputs hold (measured: pgstore/README.md).
+// run's outputs hold (measured: pgstore/README.md). Like Verify, it
+// writes nothing; safe for concurrent use.
 func RehashBlobs() VerifyOption { return func(o *verifyOptions) { o.rehash = true } }
 
 // verify is VerifyStore; rehash: RehashBlobs.

@@ -54,7 +54,8 @@ var ErrCrashed = testhook.ErrCrashed
 // lock are released, the session's lock is released but its file is left
 // behind (so the session looks dead to the next Open), and nothing more is
 // written: no close record, no projection. Every later call on run returns
-// runstate.ErrClosed. What the ledger holds is what a killed process would
+// runstate.ErrClosed (but Close, which returns nil, and Dir, ID and
+// Session). What the ledger holds is what a killed process would
 // have left: every record appended so far.
 //
 // Call it when no call on run is in flight (a call in flight may still
@@ -93,7 +94,8 @@ var Points = []Point{AfterBegin, AfterComplete, BetweenProjections, AfterIntent,
 // between-projections, after-intent or after-do.
 func (p Point) String() string { return testhook.Point(p).String() }
 
-// ParsePoint returns the point named s (as Point.String names it).
+// ParsePoint returns the point named s (as Point.String names it). Safe
+// for concurrent use.
 func ParsePoint(s string) (Point, error) {
 	p, ok := testhook.ParsePoint(s)
 	if !ok {

@@ -124,7 +124,8 @@ func Examine(dir, want string) (*Findings, error) {
 
 // CheckResumed runs Examine on dir and reports each finding with t.Errorf.
 // It returns the findings (with the run's metrics) for further checks. It
-// reads only; safe for concurrent use.
+// reads only; safe for concurrent use, from the goroutine running the
+// test (it calls t.Fatalf when dir cannot be read).
 func CheckResumed(t testing.TB, dir, want string) *Findings {
 	t.Helper()
 	f, err := Examine(dir, want)
@@ -141,7 +142,8 @@ func CheckResumed(t testing.TB, dir, want string) *Findings {
 // SameArtifacts reports through t every file outside logs/ and
 // manifest.json that differs between want and got, is missing from one
 // of them or has a different content, byte for byte. It reads only; safe
-// for concurrent use.
+// for concurrent use, from the goroutine running the test (it calls
+// t.Fatalf when a directory cannot be read).
 func SameArtifacts(t testing.TB, want, got string) {
 	t.Helper()
 	diff, err := compareTrees(want, got)

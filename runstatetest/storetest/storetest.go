@@ -140,6 +140,10 @@ type Factory func(t testing.TB) Harness
 // Run adds the PowerLoss subtest for it.
 type PowerLosser interface {
 	Harness
+	// PowerLoss drops what was not made durable and ends every open
+	// session on the run, as PowerLosser says: each one's next append
+	// must fail. The suite calls it from the subtest's goroutine, with no
+	// call in flight; it may fail t with t.Fatal.
 	PowerLoss(t testing.TB)
 }
 
@@ -149,13 +153,19 @@ type PowerLosser interface {
 // runstate.VerifyStore) see what a full replay of the ledger sees.
 type Reader interface {
 	Harness
+	// Store returns a new runstate.Store on the harness's run, which the
+	// suite reads but never opens or closes. The suite calls it from
+	// goroutines of its own too, at once: it must be safe for concurrent
+	// use and not call t.Fatal.
 	Store(t testing.TB) runstate.Store
 }
 
 // ReadLines returns the lines of the run that s holds, read with
 // s.Read from the start, each without its '\n': a Harness's Lines for a
-// store whose Read passes every line (a torn tail left out). It fails t
-// when the read fails. Safe for concurrent use as Store.Read is.
+// store whose Read passes every line (a torn tail left out). It writes
+// nothing. It fails t with t.Fatalf when the read fails, so call it from
+// the goroutine running the test, as the suite calls Harness.Lines; the
+// read itself is safe for concurrent use as Store.Read is.
 func ReadLines(t testing.TB, s runstate.Store) [][]byte {
 	t.Helper()
 	var lines [][]byte
