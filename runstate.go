@@ -369,9 +369,14 @@ func (r *Run) Close() error {
 
 // Crash abandons the Run the way a killed process would: no close record,
 // no projection, locks and files released. For tests (package runstatetest
-// uses it); every later call returns ErrClosed.
+// uses it); every later call returns ErrClosed. On a Run already closed
+// (or crashed) it does nothing: the store was closed once already.
 func (r *Run) crash() {
 	r.c.mu.Lock()
+	if r.c.closed {
+		r.c.mu.Unlock()
+		return
+	}
 	r.c.closed = true
 	r.c.mu.Unlock()
 	r.stopFlush(false) // crash may run inside a batch: do not wait for one

@@ -123,11 +123,10 @@ type Store interface {
 	// would release and nothing more (tests: runstatetest's Crash), so
 	// that the next session finds this one gone. Lines appended but not
 	// made durable may be lost then, as in a crash. Close is called once,
-	// with no Batch open, except by runstatetest's simulated crashes:
-	// Crash on a Run already closed or crashed calls Close(false) again,
-	// and CrashAt at a point inside a batch (after-complete,
-	// between-projections) calls Close(false) while that Batch is open,
-	// whose Unlock follows. A store used with them must bear both.
+	// with no Batch open, except by runstatetest's CrashAt at a point
+	// inside a batch (after-complete, between-projections): it calls
+	// Close(false) while that Batch is open, and the Batch's Unlock or
+	// Abort may come after it. A store used with CrashAt must bear that.
 	Close(clean bool) error
 
 	// String names where the records live, for errors and messages: a

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,6 +75,39 @@ func TestCrashLeavesASessionThatLooksDead(t *testing.T) {
 	require.NoError(t, stage.Complete())
 	require.NoError(t, run.Close())
 	assert.NoFileExists(t, filepath.Join(dir, "logs", "sessions", session+".lock"), "the next Open removes a dead session's lock file")
+}
+
+// closeCounter is a Store that counts its Close calls.
+type closeCounter struct {
+	runstate.Store
+	closes atomic.Int32
+}
+
+func (c *closeCounter) Close(clean bool) error {
+	c.closes.Add(1)
+	return c.Store.Close(clean)
+}
+
+// TestCrashClosesTheStoreOnce: Store.Close is called once (Store says
+// so), also when a crashed or closed Run is crashed again.
+func TestCrashClosesTheStoreOnce(t *testing.T) {
+	ctx := context.Background()
+	opts := &runstate.Options{Request: "crash once"}
+	for _, closeFirst := range []bool{false, true} {
+		dir := t.TempDir()
+		s := &closeCounter{Store: runstate.NewFileStore(dir, opts)}
+		run, err := runstate.OpenStore(s, dir, opts)
+		require.NoError(t, err)
+		_, err = run.Begin(ctx, "build")
+		require.NoError(t, err)
+		if closeFirst {
+			require.NoError(t, run.Close())
+		}
+		runstatetest.Crash(run)
+		runstatetest.Crash(run)
+		assert.NoError(t, run.Close())
+		assert.Equal(t, int32(1), s.closes.Load(), "Store.Close calls (closed first: %v)", closeFirst)
+	}
 }
 
 // crashOnce runs the suite pipeline in dir with the trap at, and checks
