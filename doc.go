@@ -69,7 +69,8 @@
 //
 // Stage.Await ends the attempt as awaiting a person, and returns an error
 // wrapping ErrNeedsPerson: returning that error from Do's fn records an
-// await, not a failure (Do records nothing more for an attempt fn ended).
+// await, not a failure (Do records nothing more for an attempt fn ended,
+// and returns nil only when it completed).
 //
 // The library runs no processes and kills none: when a program is killed,
 // the child processes its stages started (a go test, a model server) run

@@ -41,6 +41,9 @@ type Stage struct {
 	keptBytes int               // their sum
 	declared  []string          // recorded by Output, hashed at Complete
 	ended     bool
+	// endErr is why the attempt that ended did not complete (nil: it
+	// did): what Do returns when fn ended the attempt and returned nil.
+	endErr error
 
 	plan   []string // declared by Plan (nil: not called)
 	reason string   // why this attempt runs (Reason)
@@ -70,9 +73,11 @@ func (st *Stage) Run() *Run { return st.run }
 func (st *Stage) Context() context.Context { return st.ctx }
 
 // end marks the attempt ended, its end record written (or another record
-// ended it): its context is cancelled. The caller holds st.mu.
-func (st *Stage) end() {
-	st.ended = true
+// ended it): its context is cancelled. why is nil for a complete record,
+// else the error that says why the stage is not complete (endErr). The
+// caller holds st.mu.
+func (st *Stage) end(why error) {
+	st.ended, st.endErr = true, why
 	st.run.att.done(st, nil)
 }
 
@@ -313,12 +318,12 @@ func (st *Stage) Complete() error {
 	})
 	if err != nil {
 		if errors.Is(err, ErrStale) {
-			st.end()
+			st.end(err)
 		}
 		st.endFailed(err)
 		return err
 	}
-	st.end()
+	st.end(staleErr)
 	return staleErr
 }
 
@@ -390,8 +395,11 @@ func (st *Stage) fail(err error, canceled bool) error {
 		}
 		return recs, nil
 	})
-	if cerr == nil || errors.Is(cerr, ErrStale) {
-		st.end()
+	switch {
+	case cerr == nil:
+		st.end(err)
+	case errors.Is(cerr, ErrStale):
+		st.end(cerr)
 	}
 	st.endFailed(cerr)
 	return cerr
@@ -418,9 +426,13 @@ func (st *Stage) Await(reason string) error {
 		return append(st.planRecords(s), &Record{Ev: evAwait, Stage: st.name, Attempt: st.attempt, Reason: reason, Inputs: st.fps, Outputs: outs}), nil
 	})
 	if err != nil {
+		if errors.Is(err, ErrStale) {
+			st.end(err) // the attempt no longer runs, as Complete and Fail find
+		}
 		st.endFailed(err)
 		return err
 	}
-	st.end()
-	return fmt.Errorf("%w: %s: %s", ErrNeedsPerson, st.name, reason)
+	err = fmt.Errorf("%w: %s: %s", ErrNeedsPerson, st.name, reason)
+	st.end(err)
+	return err
 }

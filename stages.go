@@ -480,6 +480,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 		if (errors.Is(err, errRecheck) || errors.Is(err, errFetchFirst)) && tries < 10 {
 			continue
 		}
+		if errors.Is(err, errRecheck) {
+			return nil, fmt.Errorf("%w: stage %s was completed again under each of %d looks at its outputs (other sessions keep running it); nothing recorded: begin it again later", ErrBusy, name, tries+1)
+		}
 		if errors.Is(err, ErrDone) {
 			r.c.mu.Lock()
 			r.c.skipped++
@@ -551,19 +554,21 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // Fail when it returns an error. When the stage is done and its evidence
 // holds, Do returns nil at once without calling fn. A panic in fn is
 // recorded as a failure and then re-raised (bbolt's Update does the same).
-// When Do returns nil the stage's completion is durable, unless fn ended
-// the attempt itself (Stage.Complete, Fail or Await): Do then records
-// nothing more and returns what fn returned, so an fn that calls Fail or
-// Await returns that call's error, or Do returns nil for a stage that
-// failed or awaits a person. The ctx fn gets
-// is ctx, also cancelled when the session is lost (context.Cause wraps
-// ErrSessionLost: the store's lease is gone, another session may begin the
-// stage again) or the Run turns read-only (see Stage.Context). When the end record could not be
-// written and the Run stayed writable (Do returns that error), the next
-// Begin or Do of the stage in this Run records the attempt as interrupted
-// and begins it again (attempts.go says why). When ctx ends while fn runs
-// and fn returns its error (context.Canceled or DeadlineExceeded, with no
-// class), the attempt is recorded as failed but not counted toward
+// When Do returns nil the stage's completion is durable. When fn ends the
+// attempt itself (Stage.Complete, Fail or Await), Do records nothing more
+// and returns fn's error; if fn returns nil, Do returns nil only when the
+// attempt completed, and otherwise what ended it: the error given to
+// Fail, Await's error (wrapping ErrNeedsPerson), or Complete's ErrStale.
+//
+// The ctx fn gets is ctx, also cancelled when the session is lost
+// (context.Cause wraps ErrSessionLost: the store's lease is gone, another
+// session may begin the stage again) or the Run turns read-only (see
+// Stage.Context). When the end record could not be written and the Run
+// stayed writable (Do returns that error), the next Begin or Do of the
+// stage in this Run records the attempt as interrupted and begins it
+// again (attempts.go says why). When ctx ends while fn runs and fn returns
+// its error (context.Canceled or DeadlineExceeded, with no class), the
+// attempt is recorded as failed but not counted toward
 // Options.MaxAttempts: a cancellation interrupts the work, it is not the
 // work failing. Safe for concurrent use.
 func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, st *Stage) error, inputs ...Input) error {
@@ -588,10 +593,15 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 	ferr := fn(fctx, st)
 	panicked = false
 	st.mu.Lock()
-	ended := st.ended
+	ended, why := st.ended, st.endErr
 	st.mu.Unlock()
 	if ended {
-		return ferr // fn ended the attempt itself (Await, Complete or Fail)
+		// fn ended the attempt itself (Await, Complete or Fail). Returning
+		// nil, it still gets nil only for a completed stage.
+		if ferr == nil {
+			return why
+		}
+		return ferr
 	}
 	if ferr != nil {
 		if err := st.Fail(ferr); err != nil { // not counted when ctx ended (canceledBy)
