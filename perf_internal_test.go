@@ -45,6 +45,10 @@ type countFS struct {
 	syncDelay    time.Duration
 	// ledgerDelay, walDelay: more delay for one of the two files only.
 	ledgerDelay, walDelay time.Duration
+	// delayOnly: a commit fsync is its delays alone, the file not synced
+	// (a test of what the Run does with the times it measures, which a
+	// disk other processes keep busy must not decide).
+	delayOnly bool
 	// inSync, when set, receives a value as each commit fsync starts;
 	// hold, when set, is waited on before each commit fsync ends.
 	inSync chan struct{}
@@ -108,6 +112,9 @@ func (f *countFile) Sync() error {
 			time.Sleep(f.c.walDelay)
 		} else {
 			time.Sleep(f.c.ledgerDelay)
+		}
+		if f.c.delayOnly {
+			return nil
 		}
 	} else {
 		f.c.otherSyncs.Add(1)
