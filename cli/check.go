@@ -3,8 +3,10 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/runstate/runstate"
@@ -113,7 +115,9 @@ var nextCmd = &command{
 	long: `Next prints the handoff of the run in DIR: logs/next-steps.txt when it
 reflects the ledger, or, when that file is behind the ledger or missing, the
 same text rebuilt in memory from the ledger (a note on standard error says
-so). It takes no lock and writes nothing. The handoff escapes every text
+so). A stage the handoff shows running, or a side effect's intent, in a
+session that is gone (status counts it as a blocker) is noted on standard
+error. It takes no lock and writes nothing. The handoff escapes every text
 from the records (\x1b, \u202e, \\); a file that another program wrote is
 escaped here too.
 
@@ -157,11 +161,28 @@ func (c *cli) next(ctx context.Context, src Source, asJSON bool) int {
 		if seq, err := handoffSeq(text); err == nil {
 			out.Seq = seq
 		}
-		why := fmt.Sprintf("it reflects seq %d, the ledger is at seq %d", fileSeq, out.Seq)
-		if ferr != nil {
-			why = ferr.Error()
+		why := fmt.Sprintf("does not match the ledger (it reflects seq %d, the ledger is at seq %d)", fileSeq, out.Seq)
+		switch {
+		case errors.Is(ferr, fs.ErrNotExist):
+			why = "is missing"
+		case ferr != nil:
+			why = fmt.Sprintf("does not match the ledger (%v)", ferr)
 		}
-		fmt.Fprintf(c.err, "runstate: %s does not match the ledger (%s): showing the handoff rebuilt from the ledger\n", escape.Text(p), escape.Page(why))
+		fmt.Fprintf(c.err, "runstate: %s %s: showing the handoff rebuilt from the ledger\n", escape.Text(p), escape.Page(why))
+	}
+	// The handoff tells what the ledger says: a stage running, or an
+	// effect's intent, in a session that is gone reads as if that session
+	// were at work. status counts them as blockers; say so here too.
+	alive := sessionsAlive(ctx, src, st)
+	for _, s := range st.Stages {
+		if s.State == runstate.StateRunning && !alive[s.Session] {
+			c.notef("runstate: stage %s is not running: attempt %d's session %s is gone; the next session to open the run records it as interrupted (runstate status %s lists the blockers)", s.Name, s.Attempt, short(s.Session), quoteArg(dir))
+		}
+	}
+	for _, e := range st.Effects {
+		if e.State == runstate.EffectIntent && !alive[e.Session] {
+			c.notef("runstate: effect %s is in doubt: session %s is gone between the intent and a confirmation (runstate status %s says what to do)", e.Key, short(e.Session), quoteArg(dir))
+		}
 	}
 	if asJSON {
 		if err := writeJSON(c.out, out); err != nil {

@@ -30,6 +30,22 @@ func (d *dirSource) ledgerPath() string { return ledgerIn(d.dir) }
 // that file's presence tells a run directory from a working directory.
 func ledgerIn(dir string) string { return filepath.Join(dir, "logs", "ledger.jsonl") }
 
+// isFile says that path, given as a run directory, is a file, as the
+// library says it to a writer (not as an error about path/logs not being
+// a directory); a ledger's own path names its run directory. Nil when
+// path is not a file (a directory, or nothing).
+func isFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil || fi.IsDir() {
+		return nil
+	}
+	msg := fmt.Sprintf("%s is a file, not a run directory: pass a directory", path)
+	if logs := filepath.Dir(path); filepath.Base(path) == "ledger.jsonl" && filepath.Base(logs) == "logs" {
+		msg += " (the run directory of this ledger is " + quoteArg(filepath.Dir(logs)) + ")"
+	}
+	return errors.New(msg)
+}
+
 // LastRecord is the ledger file's modification time: its last append's.
 func (d *dirSource) LastRecord(context.Context, int64) (time.Time, error) {
 	fi, err := os.Stat(d.ledgerPath())
@@ -84,23 +100,50 @@ func (d *dirSource) Alive(_ context.Context, sessions []string) map[string]bool 
 }
 
 func sessionAlive(dir, id string) bool {
+	alive, err := sessionLock(dir, id)
+	return alive || err != nil // cannot tell: assume alive, the safe side
+}
+
+// sessionLock tells whether the lock file of session id in dir's
+// logs/sessions is held; err says why it cannot tell (the file cannot be
+// opened: another user's, say). A session without a lock file is gone.
+func sessionLock(dir, id string) (alive bool, err error) {
 	if strings.ContainsAny(id, `/\`) || id == "." || id == ".." {
-		return false
+		return false, nil
 	}
 	p := filepath.Join(dir, "logs", "sessions", id+".lock")
 	if _, err := os.Stat(p); err != nil {
-		return false
+		return false, nil
 	}
+	ok, err := tryRLock(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil && !ok, err
+}
+
+// tryRLock tries a shared lock on the lock file at p, which it does not
+// create, and releases it at once: ok when it got it. A variable for
+// tests.
+var tryRLock = func(p string) (ok bool, err error) {
 	l := flock.New(p, flock.SetFlag(os.O_RDONLY)) // no O_CREATE
-	ok, err := l.TryRLock()
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist) // cannot tell: assume alive, the safe side
-	}
+	ok, err = l.TryRLock()
 	if ok {
 		l.Unlock()
-		return false
 	}
-	return true
+	return ok, err
+}
+
+// Unsure says, for each of sessions whose lock file Alive could not try
+// (it took them for alive, the safe side), why.
+func (d *dirSource) Unsure(sessions []string) map[string]error {
+	why := map[string]error{}
+	for _, id := range sessions {
+		if _, err := sessionLock(d.dir, id); err != nil {
+			why[id] = err
+		}
+	}
+	return why
 }
 
 // Export copies the ledger's complete lines, each checked against the

@@ -304,6 +304,9 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 	if addr != "" {
 		return c.openAt(name, dir, addr, opts)
 	}
+	if err := isFile(dir); err != nil {
+		return nil, c.usageError(name, err.Error())
+	}
 	ledger := ledgerIn(dir)
 	_, noLedger := os.Stat(ledger)
 	if _, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))); err == nil && noLedger != nil {

@@ -19,7 +19,9 @@ the ledger as it checks any run's (the artifacts are not copied). A torn last
 line is not written. It takes no lock and writes nothing to the run.
 
 Exit status 1, after the lines that checked out, when the ledger is
-damaged; the error names the line.`,
+damaged; the error names the line. Exit status 1 too, with nothing
+written, when the ledger holds no record (emptied, or a run whose
+creation never finished): that is no run, not an empty one.`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		return func(c *cli, args []string) int { return c.onSource(args[0], c.export) }
@@ -28,8 +30,16 @@ damaged; the error names the line.`,
 
 func (c *cli) export(ctx context.Context, src Source) int {
 	n, err := src.Export(ctx, c.out)
+	if err == nil && n == 0 {
+		// No record is no run (an emptied ledger, a run never created),
+		// not an empty export: Inspect says which, as status does.
+		_, err = src.Inspect(ctx)
+	}
+	if err != nil && n > 0 {
+		err = fmt.Errorf("%w (%d records written before it)", err, n)
+	}
 	if err != nil {
-		return c.fail(fmt.Errorf("%w (%d records written before it)", err, n))
+		return c.fail(err)
 	}
 	return exitOK
 }

@@ -29,7 +29,9 @@ Text from the record is escaped as Go's strconv.Quote escapes it (\x1b,
 \u202e, \\): it never acts on the terminal.
 The whole hash chain is checked as it is read; a torn last line (a writer
 died mid-append) is not shown. A damaged ledger stops the log with an error
-naming the line and byte offset (exit 1).
+naming the line and byte offset (exit 1); a ledger that holds no record
+(emptied, or a run whose creation never finished) is an error too, as
+status says it.
 
 -follow keeps printing records as other processes append them (it polls the
 file's size every 100 ms; a database run: its store says how) until it is
@@ -86,6 +88,13 @@ func (c *cli) log(ctx context.Context, src Source, o logOptions) int {
 	if err != nil {
 		w.Flush()
 		return c.fail(err)
+	}
+	if n == 0 {
+		// No record is no run: an emptied ledger, or a run whose create
+		// record never made it; Inspect says which, as status does.
+		if _, err := src.Inspect(ctx); err != nil {
+			return c.fail(err)
+		}
 	}
 	if !o.follow {
 		return exitOK

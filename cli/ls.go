@@ -3,8 +3,10 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -59,7 +61,9 @@ With -json it prints a JSON array of {"dir" (or the address), "id", "request", "
 directory's run)}.
 
 Exit status 0; 3 when any run is blocked; 1 when a run or a root could not
-be read (its line says why) and none is blocked.`,
+be read (its line says why), or a directory below a root could not be
+looked into (another user's: a message on standard error names it, as a run
+there is not listed), and none is blocked.`,
 	min: 0, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -117,10 +121,21 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		if level >= depth {
 			return
 		}
-		entries, err := os.ReadDir(dir)
+		entries, err := readDir(dir)
 		if err != nil {
+			if level > 0 && !errors.Is(err, fs.ErrNotExist) { // gone meanwhile: nothing to list
+				c.notef("runstate ls: cannot look for runs in %s (%v): a run there is not listed", dir, err)
+				unreadable = true
+			}
 			if level == 0 {
-				fmt.Fprintf(c.err, "runstate ls: %v; give a directory that exists\n", err)
+				switch ferr := isFile(dir); {
+				case ferr != nil:
+					c.notef("runstate ls: %s is a file, not a directory to look for runs under", dir)
+				case errors.Is(err, fs.ErrNotExist):
+					c.notef("runstate ls: %v; give a directory that exists", err)
+				default:
+					c.notef("runstate ls: %v", err)
+				}
 				unreadable = true
 			}
 			return
@@ -139,7 +154,7 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 		if list := c.lister(root); list != nil {
 			srcs, closeAll, err := list(ctx, root)
 			if err != nil {
-				fmt.Fprintf(c.err, "runstate ls: %v\n", err)
+				c.notef("runstate ls: %s", strings.TrimPrefix(err.Error(), "runstate: "))
 				unreadable = true
 				continue
 			}
@@ -330,6 +345,9 @@ func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
 	}
 	return r
 }
+
+// readDir is os.ReadDir; a variable for tests.
+var readDir = os.ReadDir
 
 // ago is d, short: 45s, 12m, 3h, 5d.
 func ago(d time.Duration) string {

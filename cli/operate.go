@@ -38,6 +38,8 @@ person.`,
 				switch {
 				case !ok:
 					return fmt.Errorf("stage %s is unknown to the run in %s", args[1], Redact(args[0]))
+				case s.State == runstate.StateInterrupted:
+					return fmt.Errorf("stage %s does not await a person: it is interrupted (attempt %d's session %s is gone): run the pipeline again, the stage begins anew", args[1], s.Attempt, short(s.Session))
 				case s.State != runstate.StateAwaiting:
 					return fmt.Errorf("stage %s does not await a person: it is %s", args[1], s.State)
 				}
@@ -175,6 +177,14 @@ func (c *cli) operateOn(ctx context.Context, src Source, timeout time.Duration, 
 	if err != nil {
 		return c.fail(err)
 	}
+	// A stage running in a session that is gone is interrupted, as
+	// status shows it and as the session opened below records it first.
+	alive := sessionsAlive(ctx, src, st)
+	for i, s := range st.Stages {
+		if s.State == runstate.StateRunning && !alive[s.Session] {
+			st.Stages[i].State = runstate.StateInterrupted
+		}
+	}
 	if err := check(st); err != nil {
 		return c.fail(err)
 	}
@@ -253,7 +263,11 @@ With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 }
 
 func (c *cli) repair(dir string, o *runstate.RepairOptions, asJSON bool) int {
-	rep, err := runstate.Repair(dir, o)
+	err := isFile(dir)
+	var rep *runstate.RepairReport
+	if err == nil {
+		rep, err = runstate.Repair(dir, o)
+	}
 	if err != nil {
 		c.fail(err)
 		fmt.Fprintln(c.err, "runstate: nothing was changed")

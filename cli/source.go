@@ -175,6 +175,9 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 		}
 		return nil, fmt.Errorf("%s is a working directory of the run at %s (its %s says so; the records are there, not here): %s", addr, Redact(to), runstate.WorkDirFile, hint)
 	}
+	if err := isFile(addr); err != nil {
+		return nil, err
+	}
 	return &dirSource{dir: addr}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -34,8 +35,10 @@ person must resolve them), and stages interrupted because their session
 died. A stage still "running" whose session is gone (its lock in
 logs/sessions is free) is reported as interrupted, and an effect's intent
 whose session is gone as in doubt: the next session that opens the run
-records them so. Text from the records is escaped (\x1b, \u202e ...): it
-never acts on the terminal.
+records them so. A session whose lock file this user cannot open (another
+user's run) is taken for alive, the safe side, and a note says that status
+cannot tell (on standard error with -json). Text from the records is
+escaped (\x1b, \u202e ...): it never acts on the terminal.
 
 It takes no lock and writes nothing; it is safe while agents work on the
 run. Exit status 0 when nothing blocks the run, 3 when something does, 1
@@ -70,6 +73,7 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 	}
 	dir := src.Name()
 	alive := sessionsAlive(ctx, src, st)
+	unsure := unsureOf(src, alive)
 	var gone []runstate.Blocker
 	for _, s := range st.Stages {
 		if s.State == runstate.StateRunning && !alive[s.Session] {
@@ -100,7 +104,15 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 	if blocked {
 		code = exitBlocked
 	}
+	// Sessions taken for alive because their lock could not be tried.
+	var unsureNotes []string
+	for _, id := range slices.Sorted(maps.Keys(unsure)) {
+		unsureNotes = append(unsureNotes, fmt.Sprintf("cannot tell whether session %s is alive (%v): it is taken for alive, so a stage it began is not shown interrupted; run status as the user that runs the run's sessions", short(id), unsure[id]))
+	}
 	if asJSON {
+		for _, n := range unsureNotes {
+			c.notef("runstate: %s", n)
+		}
 		if err := writeJSON(c.out, statusJSON{Status: st, Blocked: blocked, Handoff: handoff}); err != nil {
 			return c.fail(err)
 		}
@@ -133,12 +145,18 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 		var ss []string
 		for _, s := range st.Sessions {
 			state := "gone"
-			if alive[s.ID] {
+			switch {
+			case unsure[s.ID] != nil:
+				state = "alive or gone: cannot tell"
+			case alive[s.ID]:
 				state = "alive"
 			}
 			ss = append(ss, fmt.Sprintf("%s (pid %d on %s, %s)", short(s.ID), s.PID, escape.Text(s.Host), state))
 		}
 		fmt.Fprintf(w, "sessions  %s\n", strings.Join(ss, "; "))
+	}
+	for _, n := range unsureNotes {
+		fmt.Fprintf(w, "note      %s\n", escape.Page(n))
 	}
 	if st.Torn > 0 {
 		fmt.Fprintf(w, "note      the ledger ends in a torn line of %d bytes (a writer died mid-append; never acknowledged): the next writer, or 'runstate repair %s', cuts it\n", st.Torn, quoteArg(dir))
@@ -255,6 +273,29 @@ func sessionsAlive(ctx context.Context, src Source, st *runstate.Status) map[str
 		return map[string]bool{}
 	}
 	return src.Alive(ctx, ids)
+}
+
+// unsurer is a Source that says which sessions its Alive took for alive
+// only because it could not tell (a run directory's session lock file
+// that this user cannot open).
+type unsurer interface {
+	Unsure(sessions []string) map[string]error
+}
+
+// unsureOf returns, of the sessions alive says are alive, those src could
+// not tell, with why; none when src cannot say.
+func unsureOf(src Source, alive map[string]bool) map[string]error {
+	u, ok := src.(unsurer)
+	if !ok {
+		return nil
+	}
+	var ids []string
+	for id, ok := range alive {
+		if ok {
+			ids = append(ids, id)
+		}
+	}
+	return u.Unsure(ids)
 }
 
 // short is the short form of a session id: its last 8 hex digits (a UUIDv7
