@@ -2,6 +2,7 @@ package runstate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -179,11 +180,11 @@ func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, 
 		}
 	}
 	if s.dirFD, err = os.Open(s.abs); err != nil {
-		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", s.dir, err)
+		return nil, Position{}, openError(s.dir, err)
 	}
 	s.lock, err = openLedgerLock(s.path(lockFile))
 	if err != nil {
-		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", s.path(lockFile), err)
+		return nil, Position{}, openError(s.path(lockFile), err)
 	}
 	if err := s.waitLock(ctx, true); err != nil {
 		return nil, Position{}, err
@@ -198,7 +199,7 @@ func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, 
 	existed := err == nil
 	f, err := s.fs.OpenFile(lp, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, Position{}, fmt.Errorf("runstate: open %s: %w", lp, err)
+		return nil, Position{}, openError(lp, err)
 	}
 	s.ledger = f
 	if s.ids.ledger, err = idOf(f); err != nil {
@@ -441,4 +442,17 @@ type dirBatch struct {
 func (s *dirStore) reload() (*state, error) {
 	st, _, _, err := loadState(s.fs, s.abs, s.ledger)
 	return st, err
+}
+
+// openError is the error of opening p, one of the run's files: the path
+// once (err, an *fs.PathError of p, names it too) and, when this user may
+// not open it, what to do.
+func openError(p string, err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) && pe.Path == p {
+		err = pe.Err
+	}
+	if errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("runstate: cannot open %s: %w: run this as the user that owns the run directory, or give this user write access to it", p, err)
+	}
+	return fmt.Errorf("runstate: cannot open %s: %w", p, err)
 }

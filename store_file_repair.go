@@ -143,7 +143,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 
 	f, err := fsys.OpenFile(lp, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
-		return nil, fmt.Errorf("runstate: open %s: %w", lp, err)
+		return nil, openError(lp, err)
 	}
 	defer f.Close()
 

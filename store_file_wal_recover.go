@@ -223,7 +223,7 @@ func restoreJournal(fsys fileSystem, dir, session string, f file, j restored) (s
 	// the journal still has the records.
 	w, err := fsys.OpenFile(lp, os.O_WRONLY, 0)
 	if err != nil {
-		return "", fmt.Errorf("runstate: open %s: %w", lp, err)
+		return "", openError(lp, err)
 	}
 	defer w.Close()
 	if _, err := w.WriteAt(j.tail, j.at); err != nil {
