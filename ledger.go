@@ -388,16 +388,19 @@ func (c *chain) check(path string, rec *Record) error {
 }
 
 // verifyAdvice is what a *CorruptError tells a person to run: Verify on
-// the run directory whose ledger (or journal) Path names, or on the
-// store's address (Run), by the absolute path or the address quoted for a
-// shell (dirArg), as the handoff names it; where neither is known (a
-// store that no command reads, or an error that did not pass corruptIn),
-// the function that verifies any store.
+// the run directory whose ledger (or journal) Path names (and repair, for
+// a torn tail), or on the store's address (Run: repair takes no address),
+// by the absolute path or the address quoted for a shell (dirArg), as the
+// handoff names it; where neither is known (a store that no command
+// reads, or an error that did not pass corruptIn), the function that
+// verifies any store.
 func (e *CorruptError) verifyAdvice() string {
-	run := e.Run
-	if run == "" {
-		run = runDirOf(e.Path)
+	if e.Run != "" {
+		// A store's address: runstate repair works on run directories
+		// only.
+		return "runstate verify " + dirArg(e.Run) + " lists every problem"
 	}
+	run := runDirOf(e.Path)
 	if run == "" {
 		return "runstate.VerifyStore lists every problem"
 	}

@@ -596,3 +596,32 @@ func TestLsListsTheRunsOfADatabase(t *testing.T) {
 	assert.Contains(t, r.err, strings.TrimPrefix(empty[strings.Index(empty, "schema="):], "schema="))
 	assert.Equal(t, "DIR  REQUEST  DONE  STATE  FIRST BLOCKER  LAST RECORD\n", r.out)
 }
+
+// TestDamagedRecordsAdviceOnARun: the commands on a run whose record is
+// damaged say "runstate:" and the address once, and the advice they give
+// quotes the address for a shell (its & would end the command) and names
+// no runstate repair, which takes run directories only.
+func TestDamagedRecordsAdviceOnARun(t *testing.T) {
+	p := newPair(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, strings.TrimSuffix(p.dsn, "&schema="+p.db.Schema())) // pgx sends no schema parameter
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	schema := pgx.Identifier{p.db.Schema()}.Sanitize()
+	tag, err := conn.Exec(ctx, `UPDATE `+schema+`.records SET line = overlay(line placing 'X'::bytea from 20 for 1)
+		WHERE seq = 3 AND run_id = (SELECT id FROM `+schema+`.runs WHERE name = 'billing')`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	_, err = conn.Exec(ctx, `DELETE FROM `+schema+`.projections`) // readers replay every record
+	require.NoError(t, err)
+
+	for _, cmd := range []string{"status", "log", "export", "next"} {
+		res := runIn(cmd, p.addr)
+		assert.Equal(t, 1, res.code, "%s: %s", cmd, res.err)
+		assert.True(t, strings.HasPrefix(res.err, "runstate: "+p.addr+": "), "%s: %s", cmd, res.err)
+		assert.NotContains(t, res.err, ": runstate: ", "%s: runstate: once", cmd)
+		assert.Equal(t, 1, strings.Count(res.err, "runstate verify 'postgres://"), "%s: the advice, quoted: %s", cmd, res.err)
+		assert.NotContains(t, res.err, "runstate verify postgres", "%s: an unquoted address", cmd)
+		assert.NotContains(t, res.err, "repair", "%s", cmd)
+	}
+}

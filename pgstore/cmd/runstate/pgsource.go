@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
+	"github.com/runstate/runstate/internal/escape"
 	"github.com/runstate/runstate/pgstore"
 	"github.com/runstate/runstate/pgstore/internal/dsnparam"
 )
@@ -283,10 +284,25 @@ func (s *pgSource) wrap(err error) error {
 		return nil
 	}
 	if errors.Is(err, pgstore.ErrNoRun) {
-		return fmt.Errorf("runstate: %s: %w; %s", s.addr, err, s.others())
+		return &addrError{addr: s.addr, err: err, more: "; " + s.others()}
 	}
-	return fmt.Errorf("runstate: %s: %w", s.addr, err)
+	return &addrError{addr: s.addr, err: err}
 }
+
+// addrError is err about the run at addr: "runstate: ADDR: " and err's
+// text, without the "runstate: " the library's own errors begin with
+// (once is enough), then more.
+type addrError struct {
+	addr string
+	err  error
+	more string
+}
+
+func (e *addrError) Error() string {
+	return "runstate: " + e.addr + ": " + strings.TrimPrefix(e.err.Error(), "runstate: ") + e.more
+}
+
+func (e *addrError) Unwrap() error { return e.err }
 
 // others says which runs the schema holds, for a run name that is not
 // among them.
@@ -359,7 +375,9 @@ func (s *pgSource) lines(ctx context.Context, c *cli.Chain, fn func(line []byte,
 	_, err := s.db.Store(s.run).Read(ctx, runstate.Position{Seq: c.Seq}, func(line []byte) error {
 		r, err := c.Next(line)
 		if err != nil {
-			return fmt.Errorf("runstate: %s: record %d: %v: the run's records are damaged; run 'runstate verify %s'", s.addr, c.Seq+1, err, s.addr)
+			// wrap names the address; the advice quotes it for a shell
+			// (its & would end the command).
+			return fmt.Errorf("record %d: %v: the run's records are damaged; runstate verify %s lists every problem", c.Seq+1, err, escape.Arg(s.addr))
 		}
 		return fn(line, r)
 	})
