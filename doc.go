@@ -135,6 +135,19 @@
 // a *CorruptError naming the file, line and byte offset, and writes
 // nothing. An unknown format version is ErrVersion.
 //
+// A ledger that ends, on a whole line, before records manifest.json shows
+// were acknowledged (a stage's complete, skip, fail or await, an effect's
+// intent, confirmation or resolution; begins, opens and closes are not
+// proof, since a power loss may drop a begin the manifest already showed)
+// lost them: restored from an old backup, copied badly, cut by a file
+// system that lost its end. When logs/ledger.wal does not hold them,
+// Open, Inspect, NextSteps and Repair refuse it with a *CorruptError that
+// says how many records are missing, and rebuild nothing: the projections
+// are the last trace of those records. Verify reports it as lost records.
+// Restore the ledger from a backup, or accept the loss with 'runstate
+// repair -accept-loss' (RepairOptions.AcceptLoss), which keeps the old
+// projections aside.
+//
 // runstate opens its own files (logs/, its files and directories, and
 // manifest.json) only where they are: Open and Repair refuse a run in which
 // one of them is a symbolic link, naming it (ErrInvalid). An output may not

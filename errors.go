@@ -22,7 +22,9 @@ var (
 	ErrClosed = errors.New("runstate: run is closed")
 
 	// ErrCorrupt is wrapped by *CorruptError: the ledger has a bad line, a
-	// gap in seq or a broken hash chain before its last line. Nothing is
+	// gap in seq or a broken hash chain before its last line, or it ends
+	// before records that manifest.json shows were acknowledged (records
+	// lost from its end; see the package documentation). Nothing is
 	// written to a corrupt run.
 	ErrCorrupt = errors.New("runstate: ledger is corrupt")
 

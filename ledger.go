@@ -404,6 +404,9 @@ func (e *CorruptError) verifyAdvice() string {
 	if run == "" {
 		return "runstate.VerifyStore lists every problem"
 	}
+	if errors.As(e.Err, new(*lostRecords)) {
+		return "runstate verify " + dirArg(run) + " lists every problem" // the error says what repair does
+	}
 	return "runstate verify " + dirArg(run) + " lists every problem, runstate repair only cuts a torn tail"
 }
 

@@ -60,7 +60,9 @@ type Options struct {
 	LockTimeout time.Duration
 
 	// NoSync skips every fsync. Unsafe: an acknowledged record may be lost
-	// in a power failure. Tests only.
+	// in a power failure, and a run whose manifest.json survived records
+	// its ledger lost is then refused as corrupt (lost records) until
+	// RepairOptions.AcceptLoss drops them. Tests only.
 	NoSync bool
 
 	// SourceDir is the directory that File paths are relative to, and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -26,7 +27,8 @@ import (
 //	store_file_wal_recover.go  what the journal holds that the ledger lost, written back
 //	store_file_lockwait.go  waiting for logs/ledger.lock, naming its holder
 //	store_file_check*.go    the ledger and the journal are still the files opened
-//	store_file_newrun.go    never creating a run over a lost one
+//	store_file_newrun.go    never creating a run over a lost one, nor going on from a
+//	                        ledger that lost acknowledged records from its end
 //	store_file_fs.go        the file system seam (fault injection in tests)
 //	store_file_lock_*.go, store_file_lockinfo_*.go, store_file_sync_*.go:
 //	                        what differs by platform
@@ -262,7 +264,9 @@ type openedSnapshot struct {
 // then the records after it; otherwise by replaying the whole ledger.
 // A torn tail is not applied; the returned state's pos ends before it.
 // Records that only the journal holds (j) are applied where the ledger
-// lost them (replayJournal); the caller writes them back.
+// lost them (replayJournal); the caller writes them back. A ledger that
+// ends before records the manifest shows were acknowledged is refused
+// with a *CorruptError (lostRecords).
 func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnapshot, j restored, err error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
 	fi, err := f.Stat()
@@ -270,12 +274,18 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnap
 		return nil, nil, j, fmt.Errorf("runstate: stat %s: %w", lp, err)
 	}
 	size := fi.Size()
+	var man *state // a manifest that is not a snapshot of this ledger
 	if data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest); err == nil {
-		if s, pos, err := decodeManifest(data); err == nil && pos.End <= size && journalAgrees(fsys, dir, f, pos) {
-			if crc, ok := snapshotHolds(f, pos); ok {
-				st = s
-				st.pos.crc = crc
-				snap = &openedSnapshot{data: data, at: st.position()}
+		if s, pos, err := decodeManifest(data); err == nil {
+			if pos.End <= size && journalAgrees(fsys, dir, f, pos) {
+				if crc, ok := snapshotHolds(f, pos); ok {
+					st = s
+					st.pos.crc = crc
+					snap = &openedSnapshot{data: data, at: st.position()}
+				}
+			}
+			if st == nil {
+				man = s
 			}
 		}
 	}
@@ -286,7 +296,27 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnap
 	if err != nil {
 		return nil, nil, j, err
 	}
+	if man != nil {
+		// Records the manifest shows acknowledged, which neither the
+		// ledger nor the journal holds (store_file_newrun.go).
+		if lost := lostBy(dir, man, st.identity.ID, st.pos); lost != nil && lostNow(f, lp, size, st.pos, man) {
+			return nil, nil, restored{}, &CorruptError{Path: lp, Line: int(st.pos.seq + 1), Offset: st.pos.offset, Err: lost}
+		}
+	}
 	return st, snap, j, nil
+}
+
+// lostNow reports whether the ledger f, size bytes long when the state
+// was read up to c, still ends before the records the manifest man shows
+// were acknowledged: a reader holds no lock, and a writer may have
+// appended them, and published man, after size was read.
+func lostNow(f file, lp string, size int64, c chain, man *state) bool {
+	now, err := fileSize(f)
+	if err != nil || now <= size {
+		return true
+	}
+	_, _ = replay(io.NewSectionReader(f, c.offset, now-c.offset), lp, &c, nil) // c stays at the last good record
+	return lostBy("", man, man.identity.ID, c) != nil
 }
 
 // snapshotHolds reports whether the ledger has, at pos, the record the

@@ -86,3 +86,102 @@ func lostWhat(f file, existed bool) string {
 	}
 	return "is empty"
 }
+
+// Records lost from the ledger's end. A ledger may lose whole records
+// from its end and keep no torn line to show for it: restored from an old
+// backup, copied badly, or cut by a file system that lost a suffix. A
+// torn or missing tail that was never acknowledged is normal after a
+// crash, and manifest.json may legitimately reflect records the ledger no
+// longer has: begins, open records and what an Open records of gone
+// sessions are appended without an fsync and may be published before a
+// power loss drops them. But the records that end a stage (complete, skip,
+// fail, await) and an effect's intent, confirm, unconfirmed and
+// resolution are made durable before any projection shows them: a
+// manifest that shows one the ledger (with what logs/ledger.wal holds)
+// does not have proves the loss of acknowledged records. Rebuilding the
+// projections from the short ledger would drop that proof for good and
+// redo the stages it shows done, so Open, Inspect and Repair refuse it
+// (Repair unless RepairOptions.AcceptLoss) and Verify reports it.
+
+// lostRecords is the error of a ledger that ends before records that
+// manifest.json shows were acknowledged.
+type lostRecords struct {
+	dir      string // the run directory, for the repair command
+	ledger   int64  // the ledger's last seq
+	durable  int64  // the newest seq manifest.json shows was made durable
+	manifest int64  // the seq manifest.json reflects
+	proof    string // the record at durable: `stage "e" complete`
+}
+
+func (e *lostRecords) Error() string {
+	return e.what() + ", and the projections are not rebuilt from it, which would drop the last trace of those records and redo what they recorded as done; " + e.fix()
+}
+
+// what says what was lost, and what shows it.
+func (e *lostRecords) what() string {
+	return fmt.Sprintf("the ledger ends at seq %d, but %s reflects seq %d: %d records are missing from its end, and records up to seq %d were acknowledged (%s at seq %d); the ledger was cut back (restored from an old backup, copied badly, or a file system lost its end)",
+		e.ledger, manifestFile, e.manifest, e.manifest-e.ledger, e.durable, e.proof, e.durable)
+}
+
+// fix is what to do about lost records.
+func (e *lostRecords) fix() string {
+	return fmt.Sprintf("restore %s from a backup that holds seq %d-%d, or accept the loss with: runstate repair -accept-loss %s (manifest.json and logs/next-steps.txt are kept aside)",
+		ledgerFile, e.ledger+1, e.manifest, dirArg(e.dir))
+}
+
+// lostBy returns the lost records that man, the state of a manifest.json
+// that is not a snapshot of the ledger, proves for a ledger of the run id
+// whose last record is c; nil when it proves none. A ledger without a
+// record is refuseReplace's business, and the manifest of another run
+// (copied in) proves nothing.
+func lostBy(dir string, man *state, id string, c chain) *lostRecords {
+	if c.seq == 0 || man.identity.ID != id {
+		return nil
+	}
+	seq, proof := durableProof(man)
+	if seq <= c.seq {
+		return nil
+	}
+	return &lostRecords{dir: dir, ledger: c.seq, durable: seq, manifest: max(man.pos.seq, seq), proof: proof}
+}
+
+// durableProof returns the newest record that the state s (a manifest's)
+// shows was made durable before s was published, and names it: the
+// newest end of a stage or record of an effect (see lostRecords). 0 when
+// it shows none.
+func durableProof(s *state) (seq int64, proof string) {
+	for _, st := range s.stages {
+		switch st.State {
+		case StateComplete, StateSkipped, StateFailed, StateAwaiting, StateFatal:
+			if st.Seq > seq {
+				seq, proof = st.Seq, fmt.Sprintf("stage %q %s", st.Name, st.State)
+			}
+		}
+		if st.DoneSeq > seq {
+			seq, proof = st.DoneSeq, fmt.Sprintf("stage %q done", st.Name)
+		}
+	}
+	for _, e := range s.effects {
+		switch e.State {
+		case EffectIntent, EffectConfirmed, EffectUnconfirmed, EffectNotSent:
+			if e.Seq > seq {
+				seq, proof = e.Seq, fmt.Sprintf("effect %q %s", e.Key, e.State)
+			}
+		}
+	}
+	return seq, proof
+}
+
+// lostIn reads manifest.json in dir and returns the lost records it
+// proves for a ledger of the run id whose last record is c (see lostBy).
+func lostIn(fsys fileSystem, dir, id string, c chain) *lostRecords {
+	data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest)
+	if err != nil {
+		return nil
+	}
+	man, _, err := decodeManifest(data)
+	if err != nil {
+		return nil
+	}
+	return lostBy(dir, man, id, c)
+}

@@ -187,9 +187,25 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 	data, merr := readFile(s.fs, mp, maxManifest)
 	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
 	seq, nerr := nextStepsSeq(np)
+	var pos snapshotPos
+	var derr error // manifest.json's, as a snapshot
+	if merr == nil {
+		var man *state
+		man, pos, derr = decodeManifest(data)
+		if derr == nil && (pos.End != st.pos.offset || pos.Hash != st.pos.hash) {
+			if lost := lostBy(s.dir, man, st.identity.ID, catchUp()); lost != nil {
+				// Records lost from the ledger's end: the projections are
+				// their last trace, not to be rebuilt (store_file_newrun.go).
+				lp := filepath.Join(s.dir, filepath.FromSlash(ledgerFile))
+				rep.Problems = append(rep.Problems, Problem{File: lp, Line: int(lost.ledger + 1), Offset: catchUp().offset,
+					What: "lost records: " + lost.what(), Fix: lost.fix()})
+				rebuild = "do not rebuild it: it is the trace of the lost records; " + lost.fix()
+			}
+		}
+	}
 	if err := merr; err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: rebuild})
-	} else if _, pos, err := decodeManifest(data); err != nil {
+	} else if err := derr; err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: rebuild})
 	} else if pos.End < st.pos.offset {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("behind the ledger (reflects the record ending at byte %d, the ledger ends at %d)", pos.End, st.pos.offset),

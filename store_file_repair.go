@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,19 @@ type RepairOptions struct {
 	// acknowledged: acknowledged records are dropped (the backup keeps
 	// them). It never lets a cut keep damage.
 	Force bool
+
+	// AcceptLoss lets Repair rebuild the projections from a ledger that
+	// ends before records manifest.json shows were acknowledged (records
+	// lost from its end, with no torn line to show for it: a ledger
+	// restored from an old backup, copied badly, or cut by a file system
+	// that lost its end), which it otherwise refuses with an error
+	// wrapping ErrCorrupt. The lost records are dropped for good (their
+	// stages will be done again): manifest.json and logs/next-steps.txt
+	// are first copied, fsync'd, to manifest.json.lost-<time> and
+	// logs/next-steps.txt.lost-<time>, their only trace. It is refused
+	// while a session is open on the run. Restoring the ledger from a
+	// backup that holds the records is the better fix where there is one.
+	AcceptLoss bool
 
 	// LockTimeout bounds the wait for logs/ledger.lock, which a running
 	// session holds for each append: a wait that runs out fails with
@@ -73,6 +87,11 @@ type RepairReport struct {
 	Bytes   int64 `json:"bytes"`
 	// Rebuilt lists the projections rewritten from the ledger.
 	Rebuilt []string `json:"rebuilt"`
+	// Lost describes the records lost from the ledger's end that
+	// AcceptLoss dropped ("" when none were), and KeptAside lists the
+	// copies of the projections that were their trace.
+	Lost      string   `json:"lost,omitempty"`
+	KeptAside []string `json:"kept_aside,omitempty"`
 }
 
 // Repair puts the run in dir back in a state every reader and writer
@@ -88,6 +107,11 @@ type RepairReport struct {
 //     ErrCorrupt that names the line and byte offset, and nothing is
 //     written, unless opts.TruncateAt says where to cut (see
 //     RepairOptions).
+//   - A ledger that ends before records manifest.json shows were
+//     acknowledged (whole records lost from its end, with no torn line
+//     to show for it) is refused with an error wrapping ErrCorrupt that
+//     says how many, and nothing is written, unless opts.AcceptLoss (see
+//     RepairOptions).
 //   - manifest.json and logs/next-steps.txt are rebuilt from a full replay
 //     of the ledger, every line checked.
 //
@@ -95,11 +119,13 @@ type RepairReport struct {
 // it changes nothing any session was told, and a TruncateAt cut removes
 // records whose chain no longer verifies, which no record appended after
 // them could vouch for. The torn-<time> and bak-<time> files it leaves next
-// to the ledger are the trace of what it cut.
+// to the ledger are the trace of what it cut, and the lost-<time> copies of
+// the projections that of what AcceptLoss dropped.
 //
-// When Repair returns, the cut and the saved copies are durable (fsync'd),
-// and so are the rebuilt projections. Repair may run while sessions are
-// open on the run unless TruncateAt is set; it is safe to call from any
+// When Repair returns, the cut and the saved copies (torn-<time>,
+// bak-<time>, lost-<time>) are durable (fsync'd), and so are the rebuilt
+// projections. Repair may run while sessions are open on the run unless
+// TruncateAt is set or lost records are accepted; it is safe to call from any
 // goroutine or process, as the ledger lock serializes it with writers.
 // It fails with ErrVersion for an unknown format version.
 func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
@@ -154,6 +180,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		lineAt int64
 		tornAt int64
 		j      restored
+		id     runIdentity
 	)
 	scan := func() error {
 		fi, err := f.Stat()
@@ -162,6 +189,10 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		}
 		size, c, lineAt = fi.Size(), chain{}, -1
 		tornAt, j, err = replayJournal(fsys, dir, f, size, &c, func(rec *Record, _ []byte) error {
+			if rec.Seq == 1 && rec.Ev == evCreate {
+				id = runIdentity{}
+				_ = json.Unmarshal(rec.Data, &id) // the create record's data, for lostIn
+			}
 			if rec.Seq == int64(o.TruncateAt) {
 				lineAt = c.offset // c is still at the record before this one
 			}
@@ -199,6 +230,33 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 	}
 
 	stamp := time.Now().UTC().Format("20060102T150405.000000000Z")
+	if ce == nil && o.TruncateAt == 0 {
+		// Whole records lost from the ledger's end (store_file_newrun.go):
+		// a TruncateAt cut checks what it drops itself (keepsAcknowledged).
+		if lost := lostIn(fsys, dir, id.ID, c); lost != nil {
+			if !o.AcceptLoss {
+				return nil, &CorruptError{Path: lp, Line: int(c.seq + 1), Offset: c.offset, Err: lost}
+			}
+			if live := newDirStore(dir, Options{}).liveSessions(); len(live) > 0 {
+				return nil, fmt.Errorf("%w: session %s is open on %s: close it (or end its process) before accepting the loss of records",
+					ErrBusy, strings.Join(live, ", "), dir)
+			}
+			for _, rel := range []string{manifestFile, nextStepsFile} {
+				data, err := readFile(fsys, path(rel), maxManifest)
+				if isNotExist(err) {
+					continue
+				} else if err != nil {
+					return nil, fmt.Errorf("runstate: keep %s aside: %w", path(rel), err)
+				}
+				aside := path(rel) + ".lost-" + stamp
+				if err := writeAtomic(fsys, path(tmpDir), "repair", aside, data, true); err != nil {
+					return nil, fmt.Errorf("runstate: keep %s aside as %s: %w", path(rel), aside, err)
+				}
+				rep.KeptAside = append(rep.KeptAside, aside)
+			}
+			rep.Lost = lost.what()
+		}
+	}
 	switch {
 	case o.TruncateAt == 0 && ce != nil && errors.Is(ce.Err, errCRLF):
 		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v; repair does not convert it", ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err)

@@ -213,7 +213,7 @@ func (c *cli) operateOn(ctx context.Context, src Source, timeout time.Duration, 
 var repairCmd = &command{
 	name:     "repair",
 	dirOnly:  true,
-	synopsis: "[-truncate-at LINE [-force]] [-json] [-timeout D] DIR",
+	synopsis: "[-truncate-at LINE [-force] | -accept-loss] [-json] [-timeout D] DIR",
 	short:    "cut a torn ledger tail (kept aside) and rebuild the projections",
 	long: `Repair takes the ledger lock and puts the run in DIR back in a state every
 reader and writer accepts:
@@ -234,19 +234,32 @@ that logs/ledger.wal or manifest.json shows were acknowledged. Records a power
 loss damaged in the ledger that logs/ledger.wal holds whole are copied back
 first, so no cut drops them.
 
+A ledger that ends before records manifest.json shows were acknowledged
+(whole records lost from its end, with no torn line to show for it: restored
+from an old backup, copied badly, cut by a file system that lost its end) is
+refused (exit 1), as Open refuses it: rebuilding the projections would drop
+the last trace of those records and redo the stages they completed. Restore
+logs/ledger.jsonl from a backup that holds them, or accept the loss with
+-accept-loss: manifest.json and logs/next-steps.txt are first copied to
+manifest.json.lost-<time> and logs/next-steps.txt.lost-<time>, then rebuilt
+from the ledger as it is. -accept-loss is refused while a session has the
+run open.
+
 Repair appends no ledger record: the files it leaves next to the ledger
-(torn-<time>, bak-<time>) are the trace of what it cut. When it returns,
+(torn-<time>, bak-<time>) and the projections (lost-<time>) are the trace of
+what it cut or dropped. When it returns,
 the cut, the saved copies and the rebuilt projections are durable
-(fsync'd). Safe while sessions run, except with -truncate-at.
+(fsync'd). Safe while sessions run, except with -truncate-at or -accept-loss.
 
 With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 "damage", "torn_bytes", "torn_saved", "backup", "cut_at", "cut_lines",
-"cut_bytes", "records", "bytes", "rebuilt"}.`,
+"cut_bytes", "records", "bytes", "rebuilt", "lost", "kept_aside"}.`,
 	min: 1, max: 1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		var o runstate.RepairOptions
 		fs.IntVar(&o.TruncateAt, "truncate-at", 0, "cut the ledger at the start of `LINE` (a backup of the whole ledger is kept)")
 		fs.BoolVar(&o.Force, "force", false, "with -truncate-at: cut even a ledger without damage at or after LINE")
+		fs.BoolVar(&o.AcceptLoss, "accept-loss", false, "rebuild the projections even from a ledger that lost acknowledged records from its end (the old ones are kept aside)")
 		asJSON := fs.Bool("json", false, "print JSON")
 		timeout := timeoutFlag(fs)
 		return func(c *cli, args []string) int {
@@ -256,6 +269,9 @@ With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 			}
 			if o.Force && o.TruncateAt == 0 {
 				return c.usageError("repair", "-force only goes with -truncate-at")
+			}
+			if o.AcceptLoss && o.TruncateAt > 0 {
+				return c.usageError("repair", "-accept-loss does not go with -truncate-at (add -force to drop acknowledged records with a cut)")
 			}
 			return c.repair(args[0], &o, *asJSON)
 		}
@@ -296,6 +312,10 @@ func (c *cli) repair(dir string, o *runstate.RepairOptions, asJSON bool) int {
 	if rep.Backup != "" {
 		fmt.Fprintf(w, "  backup:  %s (the whole ledger before the cut)\n", rep.Backup)
 		fmt.Fprintf(w, "  cut:     %d lines, %d bytes, from byte %d\n", rep.CutLines, rep.CutBytes, rep.CutAt)
+	}
+	if rep.Lost != "" {
+		fmt.Fprintf(w, "  lost:    %s\n", escape.Page(rep.Lost))
+		fmt.Fprintf(w, "  kept:    %s (the projections before the repair)\n", strings.Join(rep.KeptAside, ", "))
 	}
 	fmt.Fprintf(w, "  ledger:  %d records (%d bytes), every line checked\n", rep.Records, rep.Bytes)
 	if len(rep.Rebuilt) > 0 {
