@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +17,14 @@ import (
 
 // dirSource is a run directory, read and written through the library's
 // directory functions (runstate.Inspect, Open ...).
-type dirSource struct{ dir string }
+type dirSource struct {
+	dir string
+	// note prints a message on standard error (log -follow: the ledger
+	// was replaced); nil prints nothing.
+	note func(string)
+	// tail: where ReadLedger stopped, for Follow.
+	tail *ledgerFollower
+}
 
 func (d *dirSource) Name() string   { return d.dir }
 func (d *dirSource) Ledger() string { return d.ledgerPath() }
@@ -69,11 +75,13 @@ func (d *dirSource) Handoff(context.Context) (string, string, error) {
 	return string(data), p, err
 }
 
-func (d *dirSource) ReadLedger(_ context.Context, fn func(*runstate.Record) error) error {
-	if _, err := os.Stat(d.ledgerPath()); err != nil {
-		return fmt.Errorf("%s is not a run directory: %w", d.dir, err)
-	}
-	return runstate.ReadLedger(d.dir, fn)
+// ReadLedger reads the ledger as runstate.ReadLedger does (the records a
+// machine crash left only in logs/ledger.wal included), through the
+// ledgerFollower that Follow goes on with: from the file read here, after
+// its last record, without reading it again.
+func (d *dirSource) ReadLedger(ctx context.Context, fn func(*runstate.Record) error) error {
+	d.tail = d.newFollower()
+	return d.tail.start(ctx, 0, fn)
 }
 
 func (d *dirSource) Verify(context.Context) (*runstate.Report, error) {
@@ -146,143 +154,212 @@ func (d *dirSource) Unsure(sessions []string) map[string]error {
 	return why
 }
 
-// Export copies the ledger's complete lines, each checked against the
-// chain; a torn last line (no '\n') is left out, as every reader leaves
-// it out.
-func (d *dirSource) Export(_ context.Context, w io.Writer) (int64, error) {
-	p := d.ledgerPath()
-	f, err := os.Open(p)
-	if err != nil {
+// Export copies the ledger's complete lines as the library reads them
+// (the file store's Read, as Inspect and ReadLedger read): each checked
+// against the chain, a torn last line (no '\n') left out, and the records
+// that a machine crash left only in logs/ledger.wal (acknowledged, but
+// not yet in logs/ledger.jsonl) in their place: the journal holds the
+// ledger's very bytes.
+func (d *dirSource) Export(ctx context.Context, w io.Writer) (int64, error) {
+	if _, err := os.Stat(d.ledgerPath()); err != nil {
 		return 0, fmt.Errorf("%s is not a run directory: %w", d.dir, err)
 	}
-	defer f.Close()
-	br := bufio.NewReaderSize(f, 256<<10)
 	bw := bufio.NewWriterSize(w, 256<<10)
-	var c Chain
-	var off int64
-	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			var rest []byte
-			rest, err = br.ReadBytes('\n')
-			line = append(append([]byte(nil), line...), rest...)
-		}
-		if errors.Is(err, io.EOF) {
-			return c.Seq, bw.Flush() // a torn tail, if any, is not a record
-		}
-		if err != nil {
-			return c.Seq, fmt.Errorf("runstate: read %s: %w", p, err)
-		}
-		if _, err := c.Next(line[:len(line)-1]); err != nil {
-			bw.Flush() // the lines that checked out
-			return c.Seq, fmt.Errorf("runstate: %s line %d (byte %d): %v: the ledger is damaged; run 'runstate verify %s'", p, c.Seq+1, off, err, quoteArg(d.dir))
-		}
+	var n int64
+	_, err := runstate.NewFileStore(d.dir, nil).Read(ctx, runstate.Position{}, func(line []byte) error {
 		if _, err := bw.Write(line); err != nil {
-			return c.Seq, err
+			return err
 		}
-		off += int64(len(line))
+		n++
+		return bw.WriteByte('\n')
+	})
+	if ferr := bw.Flush(); err == nil {
+		err = ferr
 	}
+	return n, err // after damage: the lines before it
 }
 
-// pollEvery is how often Follow looks at the ledger's size.
+// pollEvery is how often Follow reads the ledger again.
 const pollEvery = 100 * time.Millisecond
 
-// Follow polls the ledger file's size every pollEvery.
+// Follow reads the ledger every pollEvery from the last record shown on,
+// as the library reads it (the file store's Read: each line checked
+// against the chain; a last line without its '\n' waited on, a write in
+// progress or a torn tail the next writer cuts; the records a machine
+// crash left only in logs/ledger.wal in their place, until the next
+// session copies them back). The ledger is opened anew each time, by its
+// path: a file renamed over it (a backup restored, an edit with sed -i) is
+// noticed, and followed when it holds the records already shown (found by
+// seq, each line's hash the same); when it does not, or the ledger was
+// cut below them or removed, Follow says so and stops.
 func (d *dirSource) Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error {
-	t, err := newTail(d.ledgerPath(), after)
-	if err != nil {
-		return err
+	f := d.tail
+	if f == nil || f.seq != after {
+		f = d.newFollower()
+		if err := f.start(ctx, after, fn); err != nil {
+			return err
+		}
+		if f.seq < after {
+			return fmt.Errorf("runstate: %s ends at seq %d now, before seq %d already shown: it was cut or replaced meanwhile; run 'runstate log %s' again", f.path, f.seq, after, quoteArg(f.dir))
+		}
 	}
-	t.dir = d.dir
-	defer t.f.Close()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		if err := t.poll(fn); err != nil {
-			return err
-		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-	}
-}
-
-// tail follows a ledger as writers append to it. It checks that each new
-// record continues the chain (seq + 1, prev = hash of the line before),
-// and waits on a last line without its '\n': that is a write in progress,
-// or a torn tail the next writer cuts. A bad line that ends in '\n' is
-// damage, and stops it.
-type tail struct {
-	f      *os.File
-	path   string
-	dir    string // the run directory, for advice
-	chain  Chain  // the last record shown
-	offset int64  // just past its '\n'
-}
-
-// newTail starts after line seq of the ledger at path.
-func newTail(path string, seq int64) (*tail, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	t := &tail{f: f, path: path}
-	br := bufio.NewReaderSize(f, 256<<10)
-	var last []byte
-	for t.chain.Seq < seq {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("runstate: %s: cannot find the end of line %d: %v", path, t.chain.Seq+1, err)
-		}
-		t.chain.Seq++
-		t.offset += int64(len(line))
-		t.chain.Hash = lineHash(line[:len(line)-1])
-		last = line[:len(line)-1]
-	}
-	if last != nil {
-		// ReadLedger checked the lines; the next must have a crc if the
-		// last has one.
-		_, t.chain.CRC, _ = runstate.DecodeLine(last)
-	}
-	return t, nil
-}
-
-// poll reads what was appended since the last call and shows each new
-// record.
-func (t *tail) poll(show func(*runstate.Record) error) error {
-	fi, err := t.f.Stat()
-	if err != nil {
-		return fmt.Errorf("runstate: stat %s: %w", t.path, err)
-	}
-	size := fi.Size()
-	if size < t.offset {
-		return fmt.Errorf("runstate: %s shrank to %d bytes, below the %d already shown: it was cut (runstate repair?); run 'runstate log' again", t.path, size, t.offset)
-	}
-	if size == t.offset {
-		return nil
-	}
-	buf := make([]byte, size-t.offset)
-	if _, err := t.f.ReadAt(buf, t.offset); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("runstate: read %s: %w", t.path, err)
-	}
-	for {
-		i := bytes.IndexByte(buf, '\n')
-		if i < 0 {
-			return nil // a write in progress, or a torn tail: wait
-		}
-		r, err := t.chain.Next(buf[:i])
-		if err != nil {
-			// A line that ends in '\n' was written whole: a torn append
-			// has none. Bad, it is damage, the last line too.
-			return fmt.Errorf("runstate: %s line %d (byte %d): %v: the ledger is damaged; run 'runstate verify %s' (it says what is wrong and how to repair it)", t.path, t.chain.Seq+1, t.offset, err, quoteArg(t.dir))
-		}
-		if err := show(r); err != nil {
+		if err := f.poll(ctx, fn); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
-		t.offset += int64(i + 1)
-		buf = buf[i+1:]
+	}
+}
+
+func (d *dirSource) newFollower() *ledgerFollower {
+	return &ledgerFollower{dir: d.dir, path: d.ledgerPath(), store: runstate.NewFileStore(d.dir, nil), note: d.note}
+}
+
+// ledgerFollower reads a run directory's ledger for ReadLedger and
+// Follow: seq, end, last and crc say where the last record read is (its
+// position), file is the ledger file it was read from (as it was before
+// the read).
+type ledgerFollower struct {
+	dir, path string
+	store     runstate.Store // not opened: Read only
+	note      func(string)   // a message for standard error; nil: none
+	seq, end  int64          // the last record's seq; the bytes up to its end
+	last      []byte         // its line, without '\n' (hashed when needed)
+	crc       bool           // it has a crc field
+	file      os.FileInfo
+}
+
+// position is where the last record read ends, for Read.
+func (f *ledgerFollower) position() runstate.Position {
+	if f.seq == 0 {
+		return runstate.Position{}
+	}
+	return runstate.Position{Seq: f.seq, Hash: lineHash(f.last), End: f.end, LastLen: int64(len(f.last)) + 1, CRC: f.crc}
+}
+
+// say prints s on standard error, if there is one.
+func (f *ledgerFollower) say(s string) {
+	if f.note != nil {
+		f.note(s)
+	}
+}
+
+// statNow is os.Stat with the file's identity (for os.SameFile) read
+// now: on Windows os.Stat leaves it to the first os.SameFile, which reads
+// it by the path, and would then find the file renamed over it since.
+func statNow(p string) (os.FileInfo, error) {
+	fi, err := os.Stat(p)
+	if err == nil {
+		_ = os.SameFile(fi, fi)
+	}
+	return fi, err
+}
+
+// errFound stops a Read at the record searched for.
+var errFound = errors.New("found")
+
+// start reads the ledger through seq after, showing (fn) the records
+// after it that were appended since.
+func (f *ledgerFollower) start(ctx context.Context, after int64, fn func(*runstate.Record) error) error {
+	fi, err := statNow(f.path)
+	if err != nil {
+		return fmt.Errorf("%s is not a run directory: %w", f.dir, err)
+	}
+	f.file = fi
+	return f.read(ctx, func(r *runstate.Record) error {
+		if r.Seq <= after {
+			return nil
+		}
+		return fn(r)
+	})
+}
+
+// read reads the ledger on from the last record read, passing each
+// record to fn and moving past it.
+func (f *ledgerFollower) read(ctx context.Context, fn func(*runstate.Record) error) error {
+	_, err := f.store.Read(ctx, f.position(), func(line []byte) error {
+		r, crc, err := runstate.DecodeLine(line)
+		if err != nil {
+			return err // cannot be: Read checked the line
+		}
+		f.seq, f.end, f.crc = r.Seq, f.end+int64(len(line))+1, crc
+		f.last = append(f.last[:0], line...)
+		return fn(r)
+	})
+	return err
+}
+
+// poll shows what was appended since the last call, after checking that
+// the ledger is still the file read last, or holds the records shown.
+func (f *ledgerFollower) poll(ctx context.Context, fn func(*runstate.Record) error) error {
+	fi, err := statNow(f.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("runstate: %s is gone (removed, or moved away) after seq %d was shown; run 'runstate log %s' again when the run has its ledger back", f.path, f.seq, quoteArg(f.dir))
+	}
+	if err != nil {
+		return fmt.Errorf("runstate: stat %s: %w", f.path, err)
+	}
+	if !os.SameFile(fi, f.file) {
+		return f.replaced(ctx, fi, fn)
+	}
+	if size := fi.Size(); size < f.file.Size() && size < f.end {
+		// Below the records shown (a torn tail cut is not: it is after
+		// them). A ledger shorter than what was shown before it shrank
+		// is one whose last records the journal held (a machine crash):
+		// only a cut makes it shorter still.
+		return fmt.Errorf("runstate: %s shrank to %d bytes, below the %d already shown: it was cut (runstate repair -truncate-at?); run 'runstate log %s' again", f.path, size, f.end, quoteArg(f.dir))
+	}
+	f.file = fi
+	err = f.read(ctx, fn)
+	if err != nil && !errors.Is(err, ctx.Err()) {
+		// A file renamed over the ledger during the read, whose line
+		// after the last shown does not continue the chain, is not
+		// damage of the ledger shown.
+		if now, serr := statNow(f.path); serr == nil && !os.SameFile(now, f.file) {
+			return f.replaced(ctx, now, fn)
+		}
+	}
+	return err
+}
+
+// replaced follows the file fi, renamed over the ledger since the last
+// poll, when it holds the records shown (the same seq, the same hash):
+// from the record after the last shown. Otherwise it says what happened.
+func (f *ledgerFollower) replaced(ctx context.Context, fi os.FileInfo, fn func(*runstate.Record) error) error {
+	shown := f.position()
+	what := fmt.Sprintf("runstate: %s was replaced by another file (one renamed over it: a backup restored, an edit with sed -i or an editor?)", f.path)
+	f.seq, f.end, f.last, f.crc, f.file = 0, 0, nil, false, fi
+	if shown.Seq == 0 {
+		f.say(what + ": following it")
+		return f.read(ctx, fn)
+	}
+	err := f.read(ctx, func(r *runstate.Record) error {
+		if r.Seq == shown.Seq {
+			return errFound
+		}
+		return nil
+	})
+	again := fmt.Sprintf("run 'runstate log %s' to read it, 'runstate verify %s' to check it", quoteArg(f.dir), quoteArg(f.dir))
+	switch {
+	case errors.Is(err, errFound) && lineHash(f.last) == shown.Hash:
+		f.say(fmt.Sprintf("%s; it holds the %d records shown: following it", what, shown.Seq))
+		return f.read(ctx, fn)
+	case errors.Is(err, errFound):
+		return fmt.Errorf("%s, whose seq %d is not the record shown as seq %d (the records differ there or before): its records are not shown; %s", what, shown.Seq, shown.Seq, again)
+	case err == nil:
+		return fmt.Errorf("%s that ends at seq %d, before seq %d already shown: its records are not shown; %s", what, f.seq, shown.Seq, again)
+	case ctx.Err() != nil:
+		return err
+	default:
+		return fmt.Errorf("%s, which does not read through seq %d already shown: %w", what, shown.Seq, err)
 	}
 }

@@ -341,3 +341,19 @@ func TestPipelineCommandsAndLsNeverDriveTheTerminal(t *testing.T) {
 		assert.Contains(t, res.out+res.err, tc.want, name)
 	}
 }
+
+// A tab in text a person gave (a reason, here) is printed as a tab in the
+// command's messages: it only moves the cursor forward on its line, and
+// "read\tthe diff" with a backslash is not what was written. Every other
+// control is still escaped.
+func TestMessagesKeepTabs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	require.Zero(t, runCLI(t, "plan", dir, "review", "-request", "tabs").code)
+	for range 2 { // beginning the review, then finding it awaiting
+		res := runCLI(t, "await", dir, "review", "-reason", "read\tthe diff\x1b[8m")
+		assert.Equal(t, 122, res.code, res.err)
+		assert.Contains(t, res.err, "read\tthe diff\\x1b[8m")
+		assert.NotContains(t, res.err, `read\tthe`)
+		assertInert(t, "runstate await", strings.ReplaceAll(res.err, "\t", " "))
+	}
+}

@@ -18,6 +18,11 @@ logs/ledger.jsonl: put it in DIR2/logs/ and 'runstate verify DIR2' checks
 the ledger as it checks any run's (the artifacts are not copied). A torn last
 line is not written. It takes no lock and writes nothing to the run.
 
+It writes the records that status and log show: in a run directory after a
+machine crash (a power loss), the acknowledged records that only
+logs/ledger.wal holds, which the ledger lost and the next session copies
+back, are written in their place, as the same lines.
+
 Exit status 1, after the lines that checked out, when the ledger is
 damaged; the error names the line. Exit status 1 too, with nothing
 written, when the ledger holds no record (emptied, or a run whose

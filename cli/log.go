@@ -33,11 +33,21 @@ naming the line and byte offset (exit 1); a ledger that holds no record
 (emptied, or a run whose creation never finished) is an error too, as
 status says it.
 
--follow keeps printing records as other processes append them (it polls the
-file's size every 100 ms; a database run: its store says how) until it is
-interrupted (SIGINT, Ctrl-C), then exits 0. A last line without its newline
-is waited on (a write in progress, or a torn tail the next writer cuts); a
-damaged line that ends in a newline stops it with the line (exit 1).
+The records are those status shows: in a run directory after a machine
+crash (a power loss), the acknowledged records that only logs/ledger.wal
+holds, which the ledger lost and the next session copies back, are shown in
+their place.
+
+-follow keeps printing records as other processes append them (it reads the
+ledger again every 100 ms, by its path; a database run: its store says how)
+until it is interrupted (SIGINT, Ctrl-C), then exits 0. A last line without
+its newline is waited on (a write in progress, or a torn tail the next
+writer cuts); a damaged line that ends in a newline stops it with the line
+(exit 1). A file renamed over the ledger (a backup restored, an edit with
+sed -i) is followed from the record after the last shown when it holds the
+records shown, with a note on standard error; when it does not (fewer
+records, or other ones), or the ledger was cut below them or removed, log
+says so and exits 1.
 
 With -json each record is printed as one JSON object a line, in the
 ledger's own format (seq, at, ev, session, stage, attempt, inputs, outputs,

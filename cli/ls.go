@@ -45,6 +45,11 @@ The states, in the order ls sorts them:
   failed    a stage's last attempt failed (retryable: run the pipeline again)
   stopped   nothing runs and planned work remains, or a stage was
             interrupted (its session died): run the pipeline again
+  unknown   a stage is running, but whether its session is alive
+            cannot be told (its lock file in logs/sessions is another
+            user's): running, or interrupted; status says "alive or
+            gone: cannot tell" of it. Run ls as the user that runs the
+            run's sessions (this wins over failed and stopped)
   running   a live session is running a stage (this wins over failed
             and stopped)
   finished  every planned stage is done
@@ -63,7 +68,8 @@ directory's run)}.
 Exit status 0; 3 when any run is blocked; 1 when a run or a root could not
 be read (its line says why), or a directory below a root could not be
 looked into (another user's: a message on standard error names it, as a run
-there is not listed), and none is blocked.`,
+there is not listed), and none is blocked. A run unknown does not change it
+(status exits 0 for it too).`,
 	min: 0, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -99,7 +105,7 @@ type lsRun struct {
 }
 
 // lsRank orders the states: what needs a person first.
-var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "running": 4, "finished": 5, "elsewhere": 6}
+var lsRank = map[string]int{"blocked": 0, "error": 1, "failed": 2, "stopped": 3, "unknown": 4, "running": 5, "finished": 6, "elsewhere": 7}
 
 func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 	var dirs, workDirs []string
@@ -297,6 +303,7 @@ func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
 		}
 	}
 	alive := sessionsAlive(ctx, src, st)
+	unsure := unsureOf(src, alive) // taken for alive: cannot tell
 	first := func(kinds ...string) *runstate.Blocker {
 		for _, b := range st.Blockers {
 			for _, k := range kinds {
@@ -311,9 +318,13 @@ func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
 		r.State, r.Blocker = "blocked", b
 		return r
 	}
-	var running, interrupted, failed *runstate.StageStatus
+	var running, unknown, interrupted, failed *runstate.StageStatus
 	for i, s := range st.Stages {
 		switch {
+		case s.State == runstate.StateRunning && unsure[s.Session] != nil:
+			if unknown == nil {
+				unknown = &st.Stages[i]
+			}
 		case s.State == runstate.StateRunning && alive[s.Session]:
 			running = &st.Stages[i]
 		case s.State == runstate.StateRunning, s.State == runstate.StateInterrupted:
@@ -329,6 +340,13 @@ func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
 	switch {
 	case running != nil:
 		r.State = "running"
+	case unknown != nil:
+		// Running or interrupted: status says "alive or gone: cannot
+		// tell" of its session.
+		r.State = "unknown"
+		r.Blocker = &runstate.Blocker{Kind: "unknown", Stage: unknown.Name,
+			Reason: fmt.Sprintf("cannot tell whether session %s, which began attempt %d, is alive (%v)", short(unknown.Session), unknown.Attempt, unsure[unknown.Session]),
+			Action: "run ls or status as the user that runs the run's sessions: it tells a running stage from an interrupted one"}
 	case failed != nil:
 		r.State = "failed"
 		r.Blocker = &runstate.Blocker{Kind: "failed", Stage: failed.Name, Reason: failed.Error,

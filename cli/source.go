@@ -48,7 +48,9 @@ type Source interface {
 	// returns nil.
 	Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error
 	// Export writes the ledger's complete lines, the exact bytes, each
-	// ending in '\n', checking the chain: a valid logs/ledger.jsonl.
+	// ending in '\n', checking the chain: a valid logs/ledger.jsonl with
+	// the records ReadLedger passes (a run directory's: those only its
+	// journal holds after a machine crash too).
 	Export(ctx context.Context, w io.Writer) (records int64, err error)
 	// Verify checks the whole run without trusting any snapshot
 	// (runstate.Verify).
@@ -178,7 +180,7 @@ func (c *cli) open(ctx context.Context, addr string) (Source, error) {
 	if err := isFile(addr); err != nil {
 		return nil, err
 	}
-	return &dirSource{dir: addr}, nil
+	return &dirSource{dir: addr, note: func(s string) { c.notef("%s", s) }}, nil
 }
 
 // workDirOf returns the run address that dir's runstate.WorkDirFile

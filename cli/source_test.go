@@ -47,7 +47,7 @@ func TestExportWritesTheLedgerLines(t *testing.T) {
 	off := editLine(t, dir, 4, `"stage":"inspect"`, `"stage":"INSPECT"`)
 	res = readCLI(t, dir, "export", dir)
 	assert.Equal(t, 1, res.code)
-	assert.Contains(t, res.err, fmt.Sprintf("%s line 5 (byte %d): seq 5 does not continue the hash chain after seq 4", ledgerPath(dir), off))
+	assert.Contains(t, res.err, fmt.Sprintf("%s line 5 (byte %d): prev hash does not match line 4", ledgerPath(dir), off))
 	assert.Contains(t, res.err, "4 records written before it")
 	assert.Equal(t, 4, strings.Count(res.out, "\n"), "the lines before the damage")
 

@@ -1,8 +1,8 @@
 // Package escape makes text from a run's records safe to print on a
 // terminal. Error texts, reasons, notes, names, keys and paths come from
 // stages (and from whoever wrote the ledger): an ESC, a carriage return, a
-// bidi override (U+202E) or invalid UTF-8 in them must not move the cursor,
-// hide a line or reorder what a person reads.
+// bidi override (U+202E) or invalid UTF-8 in them must not move the cursor
+// back or up, erase, hide a line or reorder what a person reads.
 //
 // Text writes every such character the way Go's strconv.Quote does,
 // without the quotes: \n, \r, \t and the other C escapes, \x1b for other
@@ -11,7 +11,8 @@
 // controls, bidi and other format characters, line and paragraph
 // separators, spaces other than U+0020. A backslash is written \\, so
 // the form is unambiguous: "\x1b" in the output is an escaped ESC, "\\x1b"
-// the four characters as given.
+// the four characters as given. Page, for text already laid out as a
+// page, keeps its newlines and tabs as they are.
 //
 // The functions write nothing and keep no state: they are safe for
 // concurrent use.
@@ -32,8 +33,13 @@ func Text(s string) string { return escape(s, true) }
 
 // Page returns s, text already rendered for a person (a page such as
 // logs/next-steps.txt, an error message), with the same characters
-// escaped as Text escapes, except that newlines stay line breaks and
-// backslashes stay as they are: the page's own escapes are not doubled.
+// escaped as Text escapes, except that newlines stay line breaks, tabs
+// stay tabs, and backslashes stay as they are: the page's own escapes are
+// not doubled. A tab only moves the cursor forward to the next tab stop
+// on the same line, never back, up or down, and erases nothing: it cannot
+// hide or overwrite what a person reads (the sequences that would set tab
+// stops begin with ESC, which is escaped), and a reason or an error
+// indented with tabs reads as it was written.
 func Page(s string) string { return escape(s, false) }
 
 // Arg returns s quoted for a POSIX shell when it needs it, so that a
@@ -45,7 +51,7 @@ func Arg(s string) string {
 	if plain(s) {
 		return s
 	}
-	if clean(s, false) && !strings.Contains(s, "\n") {
+	if clean(s, false) && !strings.ContainsAny(s, "\n\t") { // a tab pasted into a shell completes
 		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 	}
 	return "$'" + strings.ReplaceAll(Text(s), "'", `\'`) + "'"
@@ -66,7 +72,7 @@ func clean(s string, text bool) bool {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c < 0x20 && (text || c != '\n') || c == 0x7f || text && c == '\\' {
+			if c < 0x20 && (text || c != '\n' && c != '\t') || c == 0x7f || text && c == '\\' {
 				return false
 			}
 			i++
@@ -96,8 +102,8 @@ func escape(s string, text bool) string {
 			b.WriteString(`\x`)
 			b.WriteByte(hex[s[0]>>4])
 			b.WriteByte(hex[s[0]&0xf])
-		case r == '\n' && !text:
-			b.WriteByte('\n')
+		case (r == '\n' || r == '\t') && !text:
+			b.WriteByte(byte(r))
 		case r == '\\':
 			if text {
 				b.WriteByte('\\')

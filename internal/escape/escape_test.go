@@ -38,6 +38,20 @@ func TestPageKeepsLinesAndBackslashes(t *testing.T) {
 	assertInert(t, Page("one\x1b[8m\ntwo\u202e\xff\n"), true)
 }
 
+// A tab in a page (a reason, a request, an error indented with tabs)
+// stays a tab: it only moves the cursor forward on its line. The other
+// controls that move it (back, up, down, to the start of the line, to a
+// new page) and the sequences that set tab stops are escaped. Text and
+// Arg escape tabs: Text is one field of a line, and a tab pasted into a
+// shell completes.
+func TestPageKeepsTabs(t *testing.T) {
+	assert.Equal(t, "reason:\tdisk full\n\tretry later\n", Page("reason:\tdisk full\n\tretry later\n"))
+	assert.Equal(t, `a\bb\rc\vd\fe\x1bHf\x1b[3gg\x7f`, Page("a\bb\rc\vd\fe\x1bHf\x1b[3gg\x7f"))
+	assertInert(t, Page("one\ttwo\n\tthree\n"), true)
+	assert.Equal(t, `a\tb`, Text("a\tb"))
+	assert.Equal(t, `$'/tmp/a\tb'`, Arg("/tmp/a\tb"))
+}
+
 func TestArgQuotesForAShell(t *testing.T) {
 	for in, want := range map[string]string{
 		"/tmp/run-1":     "/tmp/run-1",
@@ -72,13 +86,13 @@ func TestJSONStaysExactAndInert(t *testing.T) {
 	assert.Equal(t, plain, JSON(plain))
 }
 
-// assertInert checks that s holds no control character (but newlines, if
-// lines), no unprintable rune and no invalid UTF-8.
+// assertInert checks that s holds no control character (but newlines and
+// tabs, if lines), no unprintable rune and no invalid UTF-8.
 func assertInert(t *testing.T, s string, lines bool) {
 	t.Helper()
 	assert.True(t, utf8.ValidString(s), "%q is valid UTF-8", s)
 	for _, r := range s {
-		if r == '\n' && lines {
+		if (r == '\n' || r == '\t') && lines {
 			continue
 		}
 		assert.False(t, r < 0x20 || r == 0x7f || (r >= 0x80 && !strconv.IsPrint(r)), "%q holds %U", s, r)
