@@ -381,6 +381,10 @@ func TestAddressErrorsSayWhatToDo(t *testing.T) {
 	res := runIn("status", address(dsn, "billing"))
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.err, "no runstate schema", "a read command creates no schema: %s", res.err)
+	res = runIn("ls", dsn)
+	assert.Equal(t, 1, res.code)
+	assert.Contains(t, res.err, "no runstate schema", "ls creates no schema either: %s", res.err)
+	assert.NotContains(t, res.err, "no such run", "ls names no run")
 	newPairIn(t, dsn) // a run named billing
 	res = runIn("status", dsn)
 	assert.Equal(t, 1, res.code)

@@ -196,6 +196,11 @@ func listPG(ctx context.Context, addr string) ([]cli.Source, func(), error) {
 		return nil, nil, err
 	}
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
+	if err != nil && run == "" && errors.Is(err, pgstore.ErrNoRun) {
+		// No schema, so no runs to list: ErrNoRun's own words ("no
+		// such run") would read as if the address named one.
+		return nil, nil, fmt.Errorf("runstate: %s: %s", cli.Redact(addr), strings.TrimPrefix(err.Error(), pgstore.ErrNoRun.Error()+": "))
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
 	}
