@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/runstatetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -78,6 +79,7 @@ func TestOpenRefusesLostRecords(t *testing.T) {
 			} {
 				assert.Contains(t, err.Error(), want)
 			}
+			assert.NotContains(t, err.Error(), "repair only cuts a torn tail", "the advice names repair -accept-loss, which does more")
 			assert.Equal(t, data, readLedgerBytes(t, dir), "Open wrote to the ledger (the torn part too)")
 			m, n := projections(t, dir)
 			assert.Equal(t, manifest, m, "Open rebuilt manifest.json")
@@ -155,6 +157,28 @@ func TestRepairAcceptLoss(t *testing.T) {
 	require.NoError(t, r.Do(context.Background(), "a", writeStage("artifacts/a.txt", "alpha")))
 	require.NoError(t, r.Close())
 	verifyOK(t, dir)
+}
+
+// A session still open on the run (one that opened before the ledger was
+// cut under it) would append after records that no longer exist: the loss
+// is not accepted while it runs, and nothing is written.
+func TestRepairAcceptLossRefusedWhileASessionIsOpen(t *testing.T) {
+	dir := buildRun(t)
+	r := openRun(t, dir, testOptions())
+	data := cutLedger(t, dir, 4, false)
+	manifest, next := projections(t, dir)
+
+	_, err := runstate.Repair(dir, &runstate.RepairOptions{AcceptLoss: true})
+	require.ErrorIs(t, err, runstate.ErrBusy)
+	assert.Contains(t, err.Error(), "session "+r.Session()+" is open on "+dir)
+	assert.Equal(t, data, readLedgerBytes(t, dir), "the ledger is untouched")
+	m, n := projections(t, dir)
+	assert.Equal(t, manifest, m, "manifest.json is untouched")
+	assert.Equal(t, next, n, "logs/next-steps.txt is untouched")
+	matches, err := filepath.Glob(filepath.Join(dir, "manifest.json.lost-*"))
+	require.NoError(t, err)
+	assert.Empty(t, matches, "nothing kept aside")
+	runstatetest.Crash(r)
 }
 
 // What the ledger may lose without losing anything acknowledged is

@@ -121,19 +121,27 @@ func renameOver(t *testing.T, dir, data string) {
 	require.NoError(t, os.Rename(tmp, ledgerPath(dir)))
 }
 
+// followHealthy starts log -follow on a new healthy run and reads the
+// ledger's lines it shows first: lines are the ledger's, each with '\n'.
+func followHealthy(t *testing.T) (dir string, lines []string, f *follower) {
+	t.Helper()
+	dir = healthyRun(t)
+	lines = ledgerLines(t, dir)
+	f = follow(t, dir)
+	for range lines {
+		f.next(t)
+	}
+	return dir, lines, f
+}
+
 // log -follow reads the ledger by its path: a file renamed over it is
 // followed from the record after the last shown, by seq, when it holds
 // the records shown; when it does not, log says what happened and exits 1
 // (it kept reading the old file, which no writer appends to any more).
 func TestLogFollowNoticesTheLedgerReplaced(t *testing.T) {
 	t.Run("the same records", func(t *testing.T) {
-		dir := healthyRun(t)
-		lines := ledgerLines(t, dir)
+		dir, lines, f := followHealthy(t)
 		n := len(lines)
-		f := follow(t, dir)
-		for range n {
-			f.next(t)
-		}
 		renameOver(t, dir, strings.Join(lines, ""))
 		time.Sleep(3 * pollEvery)
 		r := openRun(t, dir)
@@ -143,35 +151,21 @@ func TestLogFollowNoticesTheLedgerReplaced(t *testing.T) {
 		assert.Equal(t, fmt.Sprintf("runstate: %s was replaced by another file (one renamed over it: a backup restored, an edit with sed -i or an editor?); it holds the %d records shown: following it\n", ledgerPath(dir), n), f.errb.String())
 	})
 	t.Run("fewer records", func(t *testing.T) {
-		dir := healthyRun(t)
-		lines := ledgerLines(t, dir)
+		dir, lines, f := followHealthy(t)
 		n := len(lines)
-		f := follow(t, dir)
-		for range n {
-			f.next(t)
-		}
 		renameOver(t, dir, strings.Join(lines[:n-2], "")) // an older backup
 		assert.Equal(t, exitFail, f.exit(t))
 		assert.Contains(t, f.errb.String(), fmt.Sprintf("runstate: %s was replaced by another file (one renamed over it: a backup restored, an edit with sed -i or an editor?) that ends at seq %d, before seq %d already shown: its records are not shown; run 'runstate log %s' to read it, 'runstate verify %s' to check it", ledgerPath(dir), n-2, n, dir, dir))
 	})
 	t.Run("other records", func(t *testing.T) {
-		dir, other := healthyRun(t), healthyRun(t)
-		n := len(ledgerLines(t, dir))
-		f := follow(t, dir)
-		for range n {
-			f.next(t)
-		}
+		dir, lines, f := followHealthy(t)
+		n, other := len(lines), healthyRun(t)
 		renameOver(t, dir, strings.Join(ledgerLines(t, other), "")) // another run's
 		assert.Equal(t, exitFail, f.exit(t))
 		assert.Contains(t, f.errb.String(), fmt.Sprintf("was replaced by another file (one renamed over it: a backup restored, an edit with sed -i or an editor?), whose seq %d is not the record shown as seq %d (the records differ there or before): its records are not shown", n, n))
 	})
 	t.Run("cut by repair", func(t *testing.T) { // in place: the same file, shorter
-		dir := healthyRun(t)
-		n := len(ledgerLines(t, dir))
-		f := follow(t, dir)
-		for range n {
-			f.next(t)
-		}
+		dir, _, f := followHealthy(t)
 		res := runCLI(t, "repair", "-truncate-at", "4", "-force", dir)
 		require.Zero(t, res.code, res.err)
 		assert.Equal(t, exitFail, f.exit(t))
@@ -179,14 +173,9 @@ func TestLogFollowNoticesTheLedgerReplaced(t *testing.T) {
 		assert.Contains(t, f.errb.String(), fmt.Sprintf("already shown: it was cut (runstate repair -truncate-at?); run 'runstate log %s' again", dir))
 	})
 	t.Run("removed", func(t *testing.T) {
-		dir := healthyRun(t)
-		n := len(ledgerLines(t, dir))
-		f := follow(t, dir)
-		for range n {
-			f.next(t)
-		}
+		dir, lines, f := followHealthy(t)
 		require.NoError(t, os.Rename(ledgerPath(dir), ledgerPath(dir)+".moved"))
 		assert.Equal(t, exitFail, f.exit(t))
-		assert.Contains(t, f.errb.String(), fmt.Sprintf("runstate: %s is gone (removed, or moved away) after seq %d was shown; run 'runstate log %s' again when the run has its ledger back", ledgerPath(dir), n, dir))
+		assert.Contains(t, f.errb.String(), fmt.Sprintf("runstate: %s is gone (removed, or moved away) after seq %d was shown; run 'runstate log %s' again when the run has its ledger back", ledgerPath(dir), len(lines), dir))
 	})
 }
