@@ -190,3 +190,101 @@ func TestReadmeCommandsAreCI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Regexp(t, `(?m)^go test -race \./\.\.\.$`, string(ci), ".ci/run does not run the README's test command")
 }
+
+// TestReadmeOnRecordIsTheExample keeps README.md's OnRecord snippet the
+// tested one: its function is, but for comments, ExampleOptions_onRecord's
+// progress, and each line its comments say it prints is in that example's
+// // Output.
+func TestReadmeOnRecordIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)```go\n(OnRecord: .*?)```\n").FindSubmatch(readme)
+	require.NotNil(t, m, "README.md has no ```go block that starts with 'OnRecord: '")
+	snippet := m[1]
+	src := "package p\n\nvar _ = runstate.Options{\n" + string(snippet) + "}\n"
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "README.md", src, 0)
+	require.NoError(t, err, "README.md's OnRecord snippet does not parse as an Options field:\n%s", snippet)
+	funcLit := func(n ast.Node) *ast.FuncLit {
+		var lit *ast.FuncLit
+		ast.Inspect(n, func(n ast.Node) bool {
+			if fl, ok := n.(*ast.FuncLit); ok && lit == nil {
+				lit = fl
+			}
+			return lit == nil
+		})
+		return lit
+	}
+	print := func(fset *token.FileSet, n ast.Node) string {
+		var b bytes.Buffer
+		require.NoError(t, format.Node(&b, fset, n))
+		return b.String()
+	}
+	readmeFn := funcLit(f)
+	require.NotNil(t, readmeFn)
+
+	exampleSrc, err := os.ReadFile("example_test.go")
+	require.NoError(t, err)
+	efset := token.NewFileSet()
+	ef, err := parser.ParseFile(efset, "example_test.go", exampleSrc, 0)
+	require.NoError(t, err)
+	var exampleFn *ast.FuncLit
+	for _, d := range ef.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name == "ExampleOptions_onRecord" {
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				if as, ok := n.(*ast.AssignStmt); ok && len(as.Lhs) == 1 {
+					if id, ok := as.Lhs[0].(*ast.Ident); ok && id.Name == "progress" {
+						exampleFn = funcLit(as.Rhs[0])
+					}
+				}
+				return exampleFn == nil
+			})
+		}
+	}
+	require.NotNil(t, exampleFn, "example_test.go: ExampleOptions_onRecord has no progress := func")
+	assert.Equal(t, print(efset, exampleFn), print(fset, readmeFn), "README.md's OnRecord function differs from ExampleOptions_onRecord's progress: change both")
+
+	_, output, ok := strings.Cut(string(exampleSrc[bytes.Index(exampleSrc, []byte("func ExampleOptions_onRecord")):]), "// Output:\n")
+	require.True(t, ok)
+	output, _, _ = strings.Cut(output, "\n}")
+	printed := regexp.MustCompile(`// ((?:run |redo|skip) .*)`).FindAllStringSubmatch(string(snippet), -1)
+	require.NotEmpty(t, printed, "README.md's OnRecord snippet no longer says what it prints")
+	for _, p := range printed {
+		assert.Contains(t, output, "\t// "+p[1]+"\n", "README.md's OnRecord snippet says it prints %q; ExampleOptions_onRecord's output has no such line", p[1])
+	}
+}
+
+// TestPackageDocSnippetCompiles builds the package doc's first example
+// (doc.go, "Using it") as it stands, in a function with the names it
+// uses, through a build overlay: a renamed call or a changed signature
+// fails here.
+func TestPackageDocSnippetCompiles(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(src), "// stage through Do:\n//\n")
+	require.True(t, ok, "doc.go: no example after 'stage through Do:'")
+	var body strings.Builder
+	for _, line := range strings.SplitAfter(rest, "\n") {
+		code, ok := strings.CutPrefix(line, "//\t")
+		if !ok {
+			break
+		}
+		body.WriteString("\t" + code)
+	}
+	require.NotZero(t, body.Len(), "doc.go: the example after 'stage through Do:' is empty")
+	prog := "package main\n\nimport (\n\t\"context\"\n\n\t\"github.com/runstate/runstate\"\n)\n\nfunc main() {}\n\n" +
+		"func example(ctx context.Context, plan []byte) error {\n" + body.String() + "\treturn err\n}\n"
+
+	root, err := os.Getwd()
+	require.NoError(t, err)
+	tmp := t.TempDir()
+	file := filepath.Join(tmp, "main.go")
+	require.NoError(t, os.WriteFile(file, []byte(prog), 0o644))
+	overlay, err := json.Marshal(map[string]map[string]string{
+		"Replace": {filepath.Join(root, "internal", "docsnippet", "main.go"): file},
+	})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(tmp, "overlay.json"), overlay, 0o644))
+	out, err := exec.Command("go", "build", "-overlay", filepath.Join(tmp, "overlay.json"), "-o", filepath.Join(tmp, "docsnippet.exe"), "./internal/docsnippet").CombinedOutput()
+	require.NoError(t, err, "doc.go's example does not compile:\n%s\n%s", out, prog)
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -94,4 +95,58 @@ func TestPipelineResumesAfterKill(t *testing.T) {
 	ents, err := os.ReadDir(filepath.Join(dir, "logs", "tmp"))
 	require.NoError(t, err)
 	assert.Empty(t, ents, "no temp files left behind")
+}
+
+// The repository's README shows this program killed in the middle of
+// execute/finding-2: the handoff it left, and what the next run printed.
+// Both must be what the program leaves and prints now.
+func TestReadmeKilledPipeline(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	block := func(first string) string {
+		var b strings.Builder
+		in := false
+		for _, line := range strings.SplitAfter(string(readme), "\n") {
+			switch {
+			case strings.HasPrefix(line, "```"):
+				if in && strings.HasPrefix(b.String(), first) {
+					return b.String()
+				}
+				in = !in
+				b.Reset()
+			case in:
+				b.WriteString(line)
+			}
+		}
+		t.Fatalf("README.md: no block starts with %q", first)
+		return ""
+	}
+	handoff, resumed := block("runstate handoff: "), block("skip  execute/finding-1 ")
+	const readmeDir = "/tmp/runstate-example-pipeline"
+	norm := func(s, dir string) string {
+		s = strings.ReplaceAll(s, dir, readmeDir)
+		s = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`).ReplaceAllString(s, "UUID")
+		return regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`).ReplaceAllString(s, "TIME")
+	}
+
+	bin := buildPipeline(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	cmd := exec.Command(bin, "-dir", dir, "-input", "input/notes.txt", "-delay", "500ms")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "run   execute/finding-2") {
+	}
+	time.Sleep(250 * time.Millisecond) // in the middle of the stage, which the handoff shows after 50 ms
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	got, err := os.ReadFile(filepath.Join(dir, "logs", "next-steps.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, norm(handoff, readmeDir), norm(string(got), dir), "README.md's handoff of the killed example is not what it leaves now")
+
+	out := runPipeline(t, bin, dir, "-delay", "0s")
+	for _, line := range strings.Split(strings.TrimSpace(resumed), "\n") {
+		assert.Contains(t, norm(out, dir), norm(line, readmeDir)+"\n", "README.md shows the resumed run print this line")
+	}
 }
