@@ -124,7 +124,7 @@ func TestRepairAdviceNamesTheRunDirectory(t *testing.T) {
 	require.NoError(t, os.WriteFile(lp, bytes.Join(lines, nil), 0o644))
 	_, err = runstate.Repair(dir, nil)
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
-	assert.Regexp(t, `with: runstate repair -truncate-at \d+ `+regexp.QuoteMeta(at)+` \(a copy`, err.Error())
+	assert.Regexp(t, `with: runstate repair -truncate-at \d+ -force `+regexp.QuoteMeta(at)+` \(a copy`, err.Error())
 	assert.NotContains(t, err.Error(), " DIR")
 }
 

@@ -131,7 +131,7 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 	var ce *CorruptError
 	switch {
 	case errors.As(err, &ce):
-		what, fix := ce.Err.Error(), "the ledger cannot be trusted from here on: "+cutAdvice(ce, s.dir)
+		what, fix := ce.Err.Error(), "the ledger cannot be trusted from here on: "+cutAdvice(ce, s.fs, s.dir)
 		if errors.Is(ce.Err, errCRLF) {
 			what, fix = errCRLF.Error(), crlfFix(lp)+" and run verify again; nothing needs cutting"
 		}

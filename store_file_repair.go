@@ -263,7 +263,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 
 	case o.TruncateAt == 0 && ce != nil:
 		return nil, fmt.Errorf("%w: %s line %d (byte %d): %v: that is damage (a whole line, ended by its newline, or a broken chain), not a torn tail, and repair does not cut it by itself; %s",
-			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce, dir))
+			ErrCorrupt, lp, ce.Line, ce.Offset, ce.Err, cutAdvice(ce, fsys, dir))
 
 	case o.TruncateAt == 0 && tornAt >= 0:
 		aside, err := saveTorn(fsys, dir, "repair", f, tornAt, size, true)
@@ -356,8 +356,10 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 // cutAdvice says what to do about mid-file damage: restore a backup, or
 // cut where the damage begins. A prev hash that does not match means the
 // line before no longer hashes to what this line recorded: that line is
-// the one most likely edited, so the cut drops it too.
-func cutAdvice(ce *CorruptError, dir string) string {
+// the one most likely edited, so the cut drops it too. A cut that would
+// drop records shown acknowledged (acknowledgedSeq) is named with -force,
+// which Repair asks for then (keepsAcknowledged), and with what it drops.
+func cutAdvice(ce *CorruptError, fsys fileSystem, dir string) string {
 	at := ce.Line
 	if errors.Is(ce.Err, errBrokenChain) {
 		at--
@@ -368,6 +370,10 @@ func cutAdvice(ce *CorruptError, dir string) string {
 	what := "from there on"
 	if at < ce.Line {
 		what = fmt.Sprintf("from line %d on (line %d may be the edited one)", at, at)
+	}
+	if acked, by := acknowledgedSeq(fsys, dir); acked >= int64(at) {
+		return fmt.Sprintf("restore the ledger from a backup that holds seq %d-%d, or cut it %s, dropping acknowledged records seq %d-%d (%s shows they were made durable), with: runstate repair -truncate-at %d -force %s (a copy of the whole ledger is kept)",
+			at, acked, what, at, acked, by, at, dirArg(dir))
 	}
 	return fmt.Sprintf("restore the ledger from a backup, or cut it %s with: runstate repair -truncate-at %d %s (a copy of the whole ledger is kept)", what, at, dirArg(dir))
 }
@@ -417,15 +423,23 @@ func keepsAcknowledged(fsys fileSystem, dir, lp string, o RepairOptions, at int6
 	if o.Force {
 		return nil
 	}
+	acked, by := acknowledgedSeq(fsys, dir)
+	if acked < int64(o.TruncateAt) {
+		return nil
+	}
+	return fmt.Errorf("%w: cutting %s at line %d (byte %d) would drop acknowledged records seq %d-%d (%s shows they were made durable, and they may have been reported done to a caller): restore the ledger from a backup, or cut anyway with -force (Force; a copy of the whole ledger is kept)",
+		ErrInvalid, lp, o.TruncateAt, at, o.TruncateAt, acked, by)
+}
+
+// acknowledgedSeq is the last seq that logs/ledger.wal (a header slot's
+// seq) or manifest.json (the seq it reflects) shows was made durable, and
+// which of the two shows it; 0 when neither can be read.
+func acknowledgedSeq(fsys fileSystem, dir string) (int64, string) {
 	acked, by := acknowledged(fsys, dir), walFile
 	if data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest); err == nil {
 		if s, _, err := decodeManifest(data); err == nil && s.pos.seq > acked {
 			acked, by = s.pos.seq, manifestFile
 		}
 	}
-	if acked < int64(o.TruncateAt) {
-		return nil
-	}
-	return fmt.Errorf("%w: cutting %s at line %d (byte %d) would drop acknowledged records seq %d-%d (%s shows they were made durable, and they may have been reported done to a caller): restore the ledger from a backup, or cut anyway with -force (Force; a copy of the whole ledger is kept)",
-		ErrInvalid, lp, o.TruncateAt, at, o.TruncateAt, acked, by)
+	return acked, by
 }

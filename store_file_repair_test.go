@@ -132,7 +132,7 @@ func TestRepairRefusesMidFileDamage(t *testing.T) {
 	_, err = runstate.Repair(dir, nil)
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "line 6 (byte ")
-	assert.Contains(t, err.Error(), "-truncate-at 5 "+dir+" (a copy", "the advice drops the edited line 5 too")
+	assert.Contains(t, err.Error(), "-truncate-at 5 -force "+dir+" (a copy", "the advice drops the edited line 5 too, with -force: manifest.json shows the records after it acknowledged")
 	assert.Equal(t, bad, readLedger(t, dir), "nothing written")
 	after, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	require.NoError(t, err)
@@ -256,10 +256,34 @@ func TestRepairAdviceForDeletedLine(t *testing.T) {
 	require.ErrorIs(t, err, runstate.ErrCorrupt)
 	assert.Contains(t, err.Error(), "line 5 (byte ")
 	assert.Contains(t, err.Error(), "seq gap")
-	assert.Contains(t, err.Error(), "cut it from there on with: runstate repair -truncate-at 5 "+dir+" (a copy")
+	assert.Contains(t, err.Error(), "cut it from there on, dropping acknowledged records seq 5-8 (manifest.json shows they were made durable), with: runstate repair -truncate-at 5 -force "+dir+" (a copy")
 
 	rep, err := runstate.Verify(dir)
 	require.NoError(t, err)
 	require.Len(t, rep.Problems, 1)
-	assert.Contains(t, rep.Problems[0].Fix, "-truncate-at 5 "+dir+" (a copy")
+	assert.Contains(t, rep.Problems[0].Fix, "-truncate-at 5 -force "+dir+" (a copy")
+	_, err = runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: 5})
+	require.ErrorIs(t, err, runstate.ErrInvalid, "the cut without -force, which the advice does not give")
+}
+
+// Where nothing shows the records after the damage acknowledged (no
+// manifest.json, no journal), the cut advice has no -force, and Repair
+// does what it says.
+func TestRepairAdviceWithoutAcknowledgedRecords(t *testing.T) {
+	dir, good := repairRun(t)
+	lines := strings.SplitAfter(string(good), "\n")
+	writeLedger(t, dir, []byte(strings.Join(append(lines[:4:4], lines[5:]...), "")))
+	for _, name := range []string{"manifest.json", "logs/ledger.wal"} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			require.ErrorIs(t, err, os.ErrNotExist)
+		}
+	}
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Problems)
+	assert.Contains(t, rep.Problems[0].Fix, "cut it from there on with: runstate repair -truncate-at 5 "+dir+" (a copy")
+	assert.NotContains(t, rep.Problems[0].Fix, "-force")
+	_, err = runstate.Repair(dir, &runstate.RepairOptions{TruncateAt: 5})
+	require.NoError(t, err)
+	assert.Equal(t, strings.Join(lines[:4], ""), string(readLedger(t, dir)))
 }

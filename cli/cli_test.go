@@ -719,7 +719,8 @@ func TestVerify(t *testing.T) {
 	res = readCLI(t, dir, "verify", dir)
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.out, fmt.Sprintf("problem: %s line %d (byte %d): prev hash does not match line %d", ledgerPath(dir), n+1, off, n))
-	assert.Contains(t, res.out, fmt.Sprintf("cut it from line %d on (line %d may be the edited one) with: runstate repair -truncate-at %d %s (a copy", n, n, n, quoteArg(dir)))
+	assert.Contains(t, res.out, fmt.Sprintf("cut it from line %d on (line %d may be the edited one), dropping acknowledged records seq %d-", n, n, n))
+	assert.Contains(t, res.out, fmt.Sprintf("with: runstate repair -truncate-at %d -force %s (a copy", n, quoteArg(dir)))
 }
 
 func fileSize(t *testing.T, p string) int64 {
@@ -772,7 +773,8 @@ func TestRepairMidFile(t *testing.T) {
 	res := runCLI(t, "repair", dir)
 	assert.Equal(t, 1, res.code)
 	assert.Contains(t, res.err, fmt.Sprintf("line %d (byte %d)", n+1, off))
-	assert.Contains(t, res.err, fmt.Sprintf("-truncate-at %d %s (a copy", n, quoteArg(dir)), "the advice drops the edited line too")
+	assert.Contains(t, res.err, fmt.Sprintf("-truncate-at %d -force %s (a copy", n, quoteArg(dir)), "the advice drops the edited line too, and says the cut needs -force")
+	assert.Contains(t, res.err, fmt.Sprintf("dropping acknowledged records seq %d-", n), "the advice says what the cut drops")
 	assert.Contains(t, res.err, "nothing was changed")
 	res = runCLI(t, "repair", dir, "-truncate-at", fmt.Sprint(n+2))
 	assert.Equal(t, 1, res.code, "a cut after the damage keeps it")

@@ -289,7 +289,7 @@ func TestVerifyFixesNameTheRunAsTyped(t *testing.T) {
 	rel = relToWD(t, dir)
 	res = readCLI(t, dir, "verify", rel)
 	assert.Equal(t, exitFail, res.code, res.err)
-	assert.Contains(t, res.out, "with: runstate repair -truncate-at "+strconv.Itoa(n)+" "+quoteArg(rel)+" (a copy", "an edited line")
+	assert.Contains(t, res.out, "with: runstate repair -truncate-at "+strconv.Itoa(n)+" -force "+quoteArg(rel)+" (a copy", "an edited line")
 }
 
 // TestAsTypedNamesEveryArgumentThatIsTheRun: the run's address is named
