@@ -57,7 +57,8 @@ SIGINT or SIGTERM between tries ends the wait with 128+N.
 Exit status: 0 the receipt is printed (sent now, found by the check, or
 stored); 2 a usage error (nothing recorded); 121 another live session
 attempts KEY; 122 the effect is unconfirmed: a person must resolve it; 125
-runstate could not record it; 126 CMD was found but could not be started
+runstate could not record it (when CMD landed but its confirmation was not
+recorded, the error says its receipt and the resolve that records it); 126 CMD was found but could not be started
 (a bad #! line, no execute permission): it did not run, and is recorded as
 not sent, so the next effect sends it; 127 CMD was not found (checked
 before anything is recorded).`,
@@ -97,9 +98,10 @@ type shellEffect struct {
 	argv          []string
 	check         string
 	errw          interface{ Write([]byte) (int, error) }
-	wait          *lockWait // Effect's context: paused while a command runs
-	did, found    bool      // Do ran; Check found the effect
-	notStarted    error     // Do's command could not be started: it did not run
+	wait          *lockWait       // Effect's context: paused while a command runs
+	did, found    bool            // Do ran; Check found the effect
+	landed        json.RawMessage // the receipt of a Do whose command exited 0
+	notStarted    error           // Do's command could not be started: it did not run
 }
 
 func (e *shellEffect) env(full string) []string {
@@ -124,7 +126,8 @@ func (e *shellEffect) do(ctx context.Context, full string) (json.RawMessage, err
 	case res.code != 0:
 		return nil, fmt.Errorf("command %s %s", quoteArg(e.argv[0]), res.how())
 	}
-	return receipt(string(out)), nil
+	e.landed = receipt(string(out))
+	return e.landed, nil
 }
 
 // checkFn runs the check command: 0 found, with the receipt; 1 not found;
@@ -195,6 +198,12 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string, waitFor ti
 		return c.failWith(exitPerson, inDir(err, r.Dir()))
 	case errors.Is(err, runstate.ErrInvalid):
 		return c.failWith(exitUsage, err)
+	case err != nil && e.landed != nil:
+		// The command landed, the confirmation was not recorded: the
+		// receipt is only here now.
+		c.notef("runstate effect: %s: the command exited 0 and printed the receipt %s: the effect landed, but its confirmation is not recorded (below); once the run can be written, record it with: runstate resolve %s %s -sent %s -by NAME (or let the next effect's -check find it)",
+			e.key, e.landed, quoteArg(e.dir), quoteArg(e.key), quoteArg(string(e.landed)))
+		return c.failWith(exitRunstate, err)
 	case err != nil:
 		return c.failWith(exitRunstate, err)
 	}

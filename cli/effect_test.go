@@ -125,3 +125,17 @@ func TestEffectCommandThatCannotStart(t *testing.T) {
 	require.Equal(t, 0, r.code, r.err)
 	assert.Equal(t, `"sent"`+"\n", r.out)
 }
+
+// An effect whose command landed (it exited 0 and printed a receipt) but
+// whose confirmation cannot be recorded (here the ledger was damaged
+// meanwhile; for a run in PostgreSQL, a server that stayed down) exits
+// 125 and says the receipt and how to record it: the receipt is not lost
+// with the write.
+func TestEffectWhoseConfirmationFailsSaysItsReceipt(t *testing.T) {
+	dir, _ := shellRun(t, "report")
+	r := runCLI(t, "effect", dir, "ticket:7", "--", "sh", "-c", `printf '{"seq":99}\n' >> "$RUNSTATE_DIR/logs/ledger.jsonl"; echo '{"ticket": 42}'`)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Empty(t, r.out, "no receipt on standard output: it is not recorded")
+	assert.Contains(t, r.err, `runstate effect: ticket:7: the command exited 0 and printed the receipt {"ticket": 42}: the effect landed, but its confirmation is not recorded`)
+	assert.Contains(t, r.err, `runstate resolve `+quoteArg(dir)+` ticket:7 -sent '{"ticket": 42}' -by NAME`)
+}

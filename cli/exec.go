@@ -589,10 +589,24 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		if errors.Is(err, runstate.ErrStale) {
 			return c.failWith(exitStale, fmt.Errorf("%w; run exec again", err))
 		}
-		return c.endStage(st, exitRunstate, err)
+		return c.endStage(st, exitRunstate, &notCompleteError{cmd: quoteArg(o.argv[0]), err: err})
 	}
 	return exitOK
 }
+
+// notCompleteError is Complete's error err for a stage whose command cmd
+// exited 0: the command ran, the stage is not complete.
+type notCompleteError struct {
+	cmd string
+	err error
+}
+
+func (e *notCompleteError) Error() string {
+	return fmt.Sprintf("command %s exited 0, but the stage could not be recorded complete, so it is not (the next exec runs the command again): %s",
+		e.cmd, strings.TrimPrefix(e.err.Error(), "runstate: "))
+}
+
+func (e *notCompleteError) Unwrap() error { return e.err }
 
 // endStage records err as the stage's failure, then prints it (a message
 // that cannot be shown must not keep the failure from the ledger), and

@@ -463,3 +463,16 @@ func TestExecRequestAndNotReady(t *testing.T) {
 	assert.Contains(t, r.err, "mismatch")
 	assert.Equal(t, 1, lines(t, count), "only the first command ran")
 }
+
+// A command that exits 0 whose stage cannot be recorded complete (here
+// the ledger was damaged meanwhile; for a run in PostgreSQL, a server
+// that stayed down past the session's lease) exits 125 saying that the
+// command ran, that the stage is not complete, and that the next exec
+// runs the command again.
+func TestExecWhoseCompleteFailsSaysTheStageIsNotComplete(t *testing.T) {
+	dir, _ := shellRun(t, "build")
+	r := runCLI(t, "exec", dir, "build", "--", "sh", "-c", `printf '{"seq":99}\n' >> "$RUNSTATE_DIR/logs/ledger.jsonl"`)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "runstate: command sh exited 0, but the stage could not be recorded complete, so it is not (the next exec runs the command again): ")
+	assert.Contains(t, r.err, "record has no ev", "the cause")
+}

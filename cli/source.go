@@ -152,9 +152,24 @@ func scheme(addr string) (string, bool) {
 // go.mod, which has a replace directive).
 const pgCommand = "cd pgstore && go build -o runstate ./cmd/runstate (in a checkout of github.com/runstate/runstate)"
 
+// Noter is a Source that says things as a command goes on (log -follow
+// waiting for a server that does not answer): open gives it the command's
+// note, which prints one line on standard error, escaped as a message.
+type Noter interface {
+	SetNote(note func(string))
+}
+
 // open returns the Source of addr: the Opener registered for its scheme,
 // or the run directory addr.
 func (c *cli) open(ctx context.Context, addr string) (Source, error) {
+	src, err := c.openSource(ctx, addr)
+	if n, ok := src.(Noter); ok && err == nil {
+		n.SetNote(func(s string) { c.notef("%s", s) })
+	}
+	return src, err
+}
+
+func (c *cli) openSource(ctx context.Context, addr string) (Source, error) {
 	if s, ok := scheme(addr); ok {
 		if o := c.sources[s]; o != nil {
 			return o(ctx, addr)

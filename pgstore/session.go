@@ -496,9 +496,13 @@ func (s *session) tryRehold(ctx context.Context) error {
 		return err
 	}
 	var seq int64
+	// A record this session wrote names it as its writer, not as gone:
+	// its Open's interrupted records (for sessions that died before it)
+	// and the unconfirmed ones of its own effects.
 	err = tx.QueryRow(ctx, s.db.sql(`SELECT seq FROM {s}.records WHERE run_id = $1 AND seq > $2
-		AND ev IN ('interrupted', 'unconfirmed') AND position($3::bytea IN line) > 0 ORDER BY seq LIMIT 1`),
-		s.runID, s.since, []byte(s.id)).Scan(&seq)
+		AND ev IN ('interrupted', 'unconfirmed') AND position($3::bytea IN line) > 0
+		AND session IS DISTINCT FROM $4::uuid ORDER BY seq LIMIT 1`),
+		s.runID, s.since, []byte(s.id), s.id).Scan(&seq)
 	if err == nil {
 		return &goneError{seq: seq}
 	} else if !errors.Is(err, pgx.ErrNoRows) {

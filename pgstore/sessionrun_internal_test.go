@@ -9,6 +9,7 @@ package pgstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -215,8 +216,29 @@ func TestRunLockConnectionUnreachableLosesTheSessionAfterLostAfter(t *testing.T)
 // finds the stage busy throughout.
 func TestRunLockConnectionCutReheldStageCompletes(t *testing.T) {
 	f := newCutFixture(t)
-	ctx := context.Background()
 	a := f.openRunIn(t, f.db, t.TempDir(), sessionOptions())
+	cutDuringStage(t, f, a)
+}
+
+// The same after the session recorded an effect unconfirmed itself (its
+// Do failed): a record that names the session as its writer, not as gone,
+// does not keep it from taking its lock again. (It did: the session was
+// lost, and the stage left running.)
+func TestRunLockConnectionCutReheldAfterItsOwnUnconfirmedRecord(t *testing.T) {
+	f := newCutFixture(t)
+	a := f.openRunIn(t, f.db, t.TempDir(), sessionOptions())
+	_, err := a.Effect(context.Background(), "ticket:1", runstate.Effect{
+		Do: func(context.Context, string) (json.RawMessage, error) { return nil, errors.New("POST timed out") },
+	})
+	require.ErrorIs(t, err, runstate.ErrUnconfirmed)
+	cutDuringStage(t, f, a)
+}
+
+// cutDuringStage cuts a's lock connection while a runs stage s, and checks
+// that a takes its lock again and completes the stage.
+func cutDuringStage(t *testing.T, f *cutFixture, a *runstate.Run) {
+	t.Helper()
+	ctx := context.Background()
 	b := f.openRunIn(t, f.direct, t.TempDir(), sessionOptions())
 	err := a.Do(ctx, "s", func(ctx context.Context, st *runstate.Stage) error {
 		var old int

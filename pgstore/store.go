@@ -76,7 +76,7 @@ func (s *store) Open(ctx context.Context, session string) ([]byte, runstate.Posi
 	}
 	if _, err := s.db.pool.Exec(ctx, s.db.sql(`INSERT INTO {s}.runs (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`),
 		id.String(), s.name); err != nil {
-		return nil, runstate.Position{}, s.db.rightsError("create run "+s.name, err)
+		return nil, runstate.Position{}, s.db.rightsError("open run "+s.name+" for writing", err) // its row is made when missing
 	}
 	runID, err := s.id(ctx)
 	if err != nil {

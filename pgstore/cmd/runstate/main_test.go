@@ -324,14 +324,7 @@ func TestLogFollowPrintsRecordsAnotherSessionAppends(t *testing.T) {
 	errb := &syncBuffer{}
 	cmd.Stderr = errb
 	require.NoError(t, cmd.Start())
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	lines := lineChan(out)
 	time.Sleep(3 * pollEvery) // it has read the records so far
 
 	o := opts
@@ -628,4 +621,17 @@ func TestDamagedRecordsAdviceOnARun(t *testing.T) {
 		assert.NotContains(t, res.err, "runstate verify postgres", "%s: an unquoted address", cmd)
 		assert.NotContains(t, res.err, "repair", "%s", cmd)
 	}
+}
+
+// lineChan sends the lines r yields, and closes at its end.
+func lineChan(r io.Reader) <-chan string {
+	lines := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	return lines
 }

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/cli"
 	"github.com/runstate/runstate/internal/escape"
@@ -28,11 +30,26 @@ type pgSource struct {
 	run  string
 	db   *pgstore.DB
 	work string // the operator session's working directory, once made
+	note func(string)
+}
+
+// SetNote is cli.Noter: note prints on the command's standard error.
+func (s *pgSource) SetNote(note func(string)) { s.note = note }
+
+// say prints msg with note, if there is one.
+func (s *pgSource) say(msg string) {
+	if s.note != nil {
+		s.note(msg)
+	}
 }
 
 // pollEvery is how often log -follow reads the records after the last one
-// it showed.
-const pollEvery = 100 * time.Millisecond
+// it showed; retryEvery how often it tries again while the server does not
+// answer.
+const (
+	pollEvery  = 100 * time.Millisecond
+	retryEvery = time.Second
+)
 
 // openPG connects to the database addr names and returns its run.
 func openPG(ctx context.Context, addr string) (cli.Source, error) {
@@ -44,7 +61,7 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	// operator commands' sessions need a run, so a schema, that exists).
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+		return nil, fmt.Errorf("runstate: %s: %w%s", cli.Redact(addr), err, timeoutAdvice(err))
 	}
 	return &pgSource{addr: cli.Redact(addr), run: run, db: db}, nil
 }
@@ -72,7 +89,7 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		schema = pgstore.DefaultSchema
 	}
 	if err := pgstore.CheckWorkDir(workDir, schema, run); err != nil {
-		return nil, nil, fmt.Errorf("runstate: %s: %w", name, err)
+		return nil, nil, fmt.Errorf("runstate: %s: %w%s", name, err, timeoutAdvice(err))
 	}
 	own := workDirRun(workDir)
 	// gone is the refusal for a directory whose run (own) is not at this
@@ -96,24 +113,27 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		return nil, nil, gone("no schema " + schema)
 	case errors.Is(err, pgstore.ErrNoRun) && opts.Request == "":
 		return nil, nil, fmt.Errorf("%w: %s: %v; to create the run there (and pgstore's tables in schema %s), give -request TEXT", runstate.ErrInvalid, name, err, schema)
-	case errors.Is(err, runstate.ErrVersion) && opts.Request == "":
-		return nil, nil, fmt.Errorf("runstate: %s: %w; a pipeline command upgrades it when given -request TEXT (the run's request)", name, err)
-	case errors.Is(err, runstate.ErrVersion) && own.ID != "":
-		// An older schema: upgraded below only when the directory's run
-		// is in it (a query any version answers).
-		id, ierr := runIDAt(ctx, dsn, schema, run)
-		if ierr != nil {
-			return nil, nil, fmt.Errorf("runstate: %s: %w (and reading run %q's id: %v)", name, err, run, ierr)
-		}
-		if id != own.ID {
+	case errors.Is(err, runstate.ErrVersion):
+		// Only an older schema is upgraded (by -request), and only when
+		// the directory's run is in it, or the directory names none
+		// (queries any version answers).
+		v, id, ierr := schemaAt(ctx, dsn, schema, run)
+		switch {
+		case ierr != nil:
+			return nil, nil, fmt.Errorf("runstate: %s: %w (and reading schema %s's version: %v)", name, err, schema, ierr)
+		case v <= 0 || v >= pgstore.SchemaVersion: // newer, or no version: no upgrade helps
+			return nil, nil, fmt.Errorf("runstate: %s: %w%s", name, err, timeoutAdvice(err))
+		case opts.Request == "":
+			return nil, nil, fmt.Errorf("runstate: %s: %w; a pipeline command upgrades it when given -request TEXT (the run's request)", name, err)
+		case own.ID != "" && id != own.ID:
 			return nil, nil, gone(noRun)
 		}
-		fallthrough
-	case opts.Request != "" && (errors.Is(err, pgstore.ErrNoRun) || errors.Is(err, runstate.ErrVersion)):
+		db, err = pgstore.Connect(ctx, dsn)
+	case opts.Request != "" && errors.Is(err, pgstore.ErrNoRun):
 		db, err = pgstore.Connect(ctx, dsn)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("runstate: %s: %w", name, err)
+		return nil, nil, fmt.Errorf("runstate: %s: %w%s", name, err, timeoutAdvice(err))
 	}
 	src := &pgSource{addr: name, run: run, db: db}
 	if opts.Request == "" || own.ID != "" {
@@ -143,36 +163,53 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 	return r, db.Close, nil
 }
 
-// runIDAt reads the id of run in schema at dsn on a connection of its
-// own, with a query any version of pgstore's schema answers (runs(id,
-// name) is in its first): "" when the run is not there.
-func runIDAt(ctx context.Context, dsn, schema, run string) (string, error) {
+// schemaAt reads, on a connection of its own and with queries any
+// version of pgstore's schema answers (schema_version, runs(id, name) and
+// records(run_id, seq, line) are in its first), the version of schema at
+// dsn (0 when it has none) and the id of run there: its create record's,
+// as a working directory's logs/run.json names it ("" when the run has no
+// record there).
+func schemaAt(ctx context.Context, dsn, schema, run string) (version int, id string, err error) {
 	base, query, _ := strings.Cut(dsn, "?")
 	rest, _, _, err := dsnparam.Cut(query, "schema")
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	if rest != "" {
 		base += "?" + rest
 	}
 	cfg, err := pgx.ParseConfig(base)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var id string
-	err = conn.QueryRow(ctx, "SELECT id::text FROM "+pgx.Identifier{schema}.Sanitize()+".runs WHERE name = $1", run).Scan(&id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+	ident := pgx.Identifier{schema}.Sanitize()
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+ident+".schema_version").Scan(&version); err != nil {
+		return 0, "", err
 	}
-	return id, err
+	var line []byte
+	err = conn.QueryRow(ctx, "SELECT r.line FROM "+ident+".records r JOIN "+ident+".runs u ON r.run_id = u.id WHERE u.name = $1 AND r.seq = 1", run).Scan(&line)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return version, "", nil
+	} else if err != nil {
+		return version, "", err
+	}
+	rec, _, err := runstate.DecodeLine(line)
+	if err != nil {
+		return version, "", fmt.Errorf("run %q's first record: %w", run, err)
+	}
+	var create struct{ ID string }
+	if err := json.Unmarshal(rec.Data, &create); err != nil {
+		return version, "", fmt.Errorf("run %q's first record: %w", run, err)
+	}
+	return version, create.ID, nil
 }
 
 // workDirRun is what workDir's logs/run.json says of its run (the zero
@@ -202,13 +239,13 @@ func listPG(ctx context.Context, addr string) ([]cli.Source, func(), error) {
 		return nil, nil, fmt.Errorf("runstate: %s: %s", cli.Redact(addr), strings.TrimPrefix(err.Error(), pgstore.ErrNoRun.Error()+": "))
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+		return nil, nil, fmt.Errorf("runstate: %s: %w%s", cli.Redact(addr), err, timeoutAdvice(err))
 	}
 	names := []string{run}
 	if run == "" {
 		if names, err = db.Runs(ctx); err != nil {
 			db.Close()
-			return nil, nil, fmt.Errorf("runstate: %s: %w", cli.Redact(addr), err)
+			return nil, nil, fmt.Errorf("runstate: %s: %w%s", cli.Redact(addr), err, timeoutAdvice(err))
 		}
 	}
 	srcs := make([]cli.Source, len(names))
@@ -291,7 +328,20 @@ func (s *pgSource) wrap(err error) error {
 	if errors.Is(err, pgstore.ErrNoRun) {
 		return &addrError{addr: s.addr, err: err, more: "; " + s.others()}
 	}
-	return &addrError{addr: s.addr, err: err}
+	return &addrError{addr: s.addr, err: err, more: timeoutAdvice(err)}
+}
+
+// timeoutAdvice is what to do when the server's statement_timeout (a
+// user's, a database's, the server's) ended one of the command's
+// statements, as it ends the read of a long run: "" for another error.
+// The address passes the parameter to the server, for the command's
+// connections alone.
+func timeoutAdvice(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "57014" || !strings.Contains(pe.Message, "statement timeout") {
+		return ""
+	}
+	return "; the server's statement_timeout (set for this user, the database or the server) ended it: add statement_timeout=0 (or a longer time, in ms) to the address, which sets it for this command's connections alone"
 }
 
 // addrError is err about the run at addr: "runstate: ADDR: " and err's
@@ -390,6 +440,10 @@ func (s *pgSource) lines(ctx context.Context, c *cli.Chain, fn func(line []byte,
 }
 
 // Follow reads the records after the last one shown every pollEvery.
+// While the server does not answer (a restart, a connection ended by
+// pg_terminate_backend or a failover), it says so once and tries again
+// every retryEvery, then says when it answers again and goes on after the
+// last record shown: nothing is shown twice or left out.
 func (s *pgSource) Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error {
 	var c cli.Chain
 	if after > 0 { // the chain up to the last record shown
@@ -405,20 +459,52 @@ func (s *pgSource) Follow(ctx context.Context, after int64, fn func(*runstate.Re
 	}
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
+	var down time.Time // when the last read failed for want of the server; zero while it answers
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error { return fn(r) })
-		if err != nil && ctx.Err() != nil {
-			return nil
+		if !down.IsZero() && time.Since(down) < retryEvery {
+			continue
 		}
-		if err != nil {
+		up := func(seq int64) { // the server answers again: said before what it shows
+			if !down.IsZero() {
+				s.say(fmt.Sprintf("runstate: %s: the server answers again: following the run after seq %d", s.addr, seq))
+				down = time.Time{}
+			}
+		}
+		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error {
+			up(r.Seq - 1)
+			return fn(r)
+		})
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil && connLost(err):
+			if down.IsZero() {
+				s.say(fmt.Sprintf("%v; runstate log -follow tries again every %v until the server answers (Ctrl-C stops it)", err, retryEvery))
+			}
+			down = time.Now()
+		case err != nil:
 			return err
+		default:
+			up(c.Seq)
 		}
 	}
+}
+
+// connLost reports whether err is a connection to the server that failed
+// or could not be made (a server stopped or restarting, a backend
+// terminated), not an answer of the server's.
+func connLost(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) { // 08: connection exception; 57P: operator intervention (shutdown, terminated, starting up)
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+	}
+	return errors.As(err, new(*pgconn.ConnectError)) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.As(err, new(net.Error)) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
 }
 
 // errStop ends a read early.

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/pgstore"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// terminateLockBackend ends (pg_terminate_backend) the server backend of
+// the lock connection of the session that process pid opened, in the
+// schema of db, and fails the test unless there was one.
+func terminateLockBackend(t *testing.T, db *pgstore.DB, pid int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
+		JOIN `+pgx.Identifier{db.Schema()}.Sanitize()+`.sessions s ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		AND l.classid = ((s.lock_key >> 32) & 4294967295)::oid AND l.objid = (s.lock_key & 4294967295)::oid
+		WHERE s.pid = $1`, pid).Scan(&n))
+	require.Equal(t, 1, n, "the lock connection of process %d", pid)
+}
+
+// waitFor polls cond every 20 ms for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("after 10 s: %s", what)
+		}
+	}
+}
+
+// A session whose lock connection is cut (pg_terminate_backend, a
+// pooler's or a firewall's reset) while exec runs its stage takes its
+// lock again and records the stage complete, also when its own Open
+// recorded another session's stage interrupted: that record names this
+// session as its writer, not as gone.
+func TestExecGoesOnWhenItsLockConnectionIsCut(t *testing.T) {
+	dsn := testDSN(t)
+	addr := address(dsn, "cut")
+	w := filepath.Join(t.TempDir(), "w")
+	res := runIn("plan", w, "-at", addr, "-request", "cut the lock connection", "killed", "cut")
+	require.Equal(t, 0, res.code, res.err)
+	db, err := pgstore.ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	state := func(stage string) string {
+		st, err := db.Inspect(context.Background(), "cut")
+		require.NoError(t, err)
+		s, _ := st.Stage(stage)
+		return s.State
+	}
+
+	// A session killed in its stage: the next one's Open records it
+	// interrupted.
+	killed := exec.Command(bin, "exec", w, "killed", "--", "sleep", "10")
+	require.NoError(t, killed.Start())
+	waitFor(t, "stage killed running", func() bool { return state("killed") == runstate.StateRunning })
+	require.NoError(t, killed.Process.Kill())
+	killed.Wait()
+
+	started := filepath.Join(t.TempDir(), "started")
+	cmd := exec.Command(bin, "exec", w, "cut", "--", "sh", "-c", `touch "$0"; sleep 2`, started)
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
+	require.NoError(t, cmd.Start())
+	waitFor(t, "the stage's command started", func() bool { _, err := os.Stat(started); return err == nil })
+	terminateLockBackend(t, db, cmd.Process.Pid)
+	require.NoError(t, cmd.Wait(), "exec exits 0: %s", errb.String())
+	assert.NotContains(t, errb.String(), "names this session gone")
+	assert.Equal(t, runstate.StateComplete, state("cut"))
+	log := runIn("log", addr)
+	require.Equal(t, 0, log.code, log.err)
+	assert.Regexp(t, `  interrupted  killed#1 `, log.out)
+	assert.Equal(t, 1, strings.Count(log.out, "  complete     cut#1 "), log.out)
+}
+
+// log -follow goes on when its connection is ended (pg_terminate_backend,
+// as a server restart or a failover ends it): it says so on standard
+// error, tries again, says when the server answers, and shows every
+// record appended meanwhile once; SIGINT still ends it with 0.
+func TestLogFollowGoesOnWhenItsConnectionIsCut(t *testing.T) {
+	dsn, db, w := runOne(t)
+	app := "follower-" + db.Schema()
+	cmd := exec.Command(bin, "log", "-follow", address(dsn+"&application_name="+app, "one"))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill()
+	lines := lineChan(out)
+	next := func() string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the follower ended: %s", errb.String())
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatalf("after 10 s the follower printed nothing more; stderr %s", errb.String())
+		}
+		return ""
+	}
+	for _, ev := range []string{"create", "open", "close"} {
+		assert.Contains(t, next(), "  "+ev+" ")
+	}
+	time.Sleep(3 * pollEvery) // it polls
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n))
+	require.NotZero(t, n, "the follower's connections")
+	time.Sleep(3 * pollEvery) // it found the connection gone
+
+	r, err := db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	require.NoError(t, r.Skip(ctx, "docs", "nothing to document"))
+	require.NoError(t, r.Close())
+	for _, ev := range []string{"  4  .*  open ", "  5  .*  skip +docs +nothing to document$", "  6  .*  close "} {
+		assert.Regexp(t, ev, next())
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT; stderr %s", errb.String())
+	assert.Contains(t, errb.String(), "runstate log -follow tries again every 1s until the server answers")
+	assert.Contains(t, errb.String(), "the server answers again: following the run after seq 3")
+	for l := range lines {
+		t.Errorf("a line after SIGINT: %s", l)
+	}
+}
+
+// A read the server's statement_timeout (a user's, a database's) ends
+// says what to do: give the command's connections a longer one in the
+// address; that address then reads the run.
+func TestReadsEndedByStatementTimeoutSayWhatToDo(t *testing.T) {
+	dsn, db, w := runOne(t)
+	ctx := context.Background()
+	r, err := db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	reason := strings.Repeat("a long reason; ", 300)
+	for i := range 1500 {
+		require.NoError(t, r.Skip(ctx, fmt.Sprintf("s%04d", i), reason))
+	}
+	require.NoError(t, r.Close())
+
+	short := address(dsn+"&statement_timeout=1", "one") // 1 ms: as a role's statement_timeout
+	for _, cmd := range []string{"status", "log", "export", "verify", "next"} {
+		res := runIn(cmd, short)
+		assert.Equal(t, 1, res.code, "%s: %s", cmd, res.err)
+		assert.Contains(t, res.err, "statement timeout", cmd)
+		assert.Contains(t, res.err, "add statement_timeout=0 (or a longer time, in ms) to the address", cmd)
+		assert.NotContains(t, res.err, "check that the server runs", "%s: the server answered", cmd)
+	}
+	res := runIn("exec", w, "build", "-at", short, "--", "true")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, "add statement_timeout=0 (or a longer time, in ms) to the address", "exec")
+	res = runIn("export", address(dsn+"&statement_timeout=0", "one"))
+	assert.Equal(t, 0, res.code, res.err)
+	assert.Equal(t, 1505, strings.Count(res.out, "\n"), "create, open, close; open, 1500 skips, close")
+}
+
+// A schema newer than the command's is refused by a pipeline command
+// with the advice to upgrade the program, not with the advice for an
+// older schema (-request upgrades it), which would be refused again.
+func TestPipelineCommandsOnANewerSchemaSayToUpgradeTheProgram(t *testing.T) {
+	_, db, w := runOne(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{db.Schema()}.Sanitize()+".schema_version (version) VALUES ($1)", pgstore.SchemaVersion+1)
+	require.NoError(t, err)
+	for _, args := range [][]string{
+		{"exec", w, "build", "--", "true"},
+		{"plan", w, "build"},
+		{"exec", w, "build", "-request", "the first run", "--", "true"},
+	} {
+		res := runIn(args...)
+		assert.Equal(t, 125, res.code, "%v: %s", args, res.err)
+		assert.Contains(t, res.err, "newer than the", args)
+		assert.NotContains(t, res.err, "upgrades it when given -request", args)
+	}
+	st, err := db.Inspect(ctx, "one")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), st.Seq, "nothing recorded")
+}
+
+// A schema older than the command's is upgraded by a pipeline command
+// given -request in the working directory of a run it holds (the
+// directory's logs/run.json names the run's id: its create record's),
+// and the command then runs the stage there.
+func TestPipelineCommandUpgradesAnOlderSchemaForItsWorkingDirectory(t *testing.T) {
+	_, db, w := runOne(t)
+	ctx := context.Background()
+	pc := adminConn(t)
+	// Version 3: migration 0004 undone.
+	_, err := pc.Exec(ctx, strings.ReplaceAll(`DROP INDEX {s}.outputs_inline;
+		ALTER TABLE {s}.outputs DROP CONSTRAINT outputs_data_sum, DROP CONSTRAINT outputs_blob_fkey, DROP COLUMN blob, DROP COLUMN data;
+		ALTER TABLE {s}.outputs ADD CONSTRAINT outputs_sha256_fkey FOREIGN KEY (sha256) REFERENCES {s}.blobs;
+		DELETE FROM {s}.schema_version WHERE version = 4`, "{s}", pgx.Identifier{db.Schema()}.Sanitize()))
+	require.NoError(t, err)
+
+	res := runIn("exec", w, "build", "--", "true")
+	assert.Equal(t, 125, res.code, res.err)
+	assert.Contains(t, res.err, "a pipeline command upgrades it when given -request TEXT")
+	res = runIn("exec", w, "build", "-request", "the first run", "--", "true")
+	require.Equal(t, 0, res.code, res.err)
+	var v int
+	require.NoError(t, pc.QueryRow(ctx, "SELECT max(version) FROM "+pgx.Identifier{db.Schema()}.Sanitize()+".schema_version").Scan(&v))
+	assert.Equal(t, pgstore.SchemaVersion, v, "upgraded by -request")
+	st, err := db.Inspect(ctx, "one")
+	require.NoError(t, err)
+	s, _ := st.Stage("build")
+	assert.Equal(t, runstate.StateComplete, s.State)
+}
+
+// An operator command through a connection that takes no writes (a role
+// or database with default_transaction_read_only on, a standby) says so,
+// and does not speak of creating the run, which exists.
+func TestOperatorCommandOnAReadOnlyConnectionSaysSo(t *testing.T) {
+	p := newPair(t)
+	ro := address(p.dsn+"&default_transaction_read_only=on", "billing")
+	res := runIn("approve", ro, "execute", "-by", "alice")
+	assert.Equal(t, 1, res.code, res.err)
+	assert.Contains(t, res.err, "cannot open run billing for writing in ")
+	assert.Contains(t, res.err, "the server takes no writes from this connection")
+	assert.NotContains(t, res.err, "create run")
+	st, err := p.db.Inspect(context.Background(), "billing")
+	require.NoError(t, err)
+	s, _ := st.Stage("execute")
+	assert.Equal(t, runstate.StateAwaiting, s.State, "nothing recorded")
+}
