@@ -24,6 +24,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
 )
 
@@ -53,6 +54,8 @@ type cli struct {
 	// release: what the Runner that opened the run returned, called
 	// after the Run is closed.
 	release func()
+	// said: the errors printed (fail), each once.
+	said []string
 }
 
 // command is one subcommand. setup defines its flags on fs and returns the
@@ -277,8 +280,41 @@ func (c *cli) fail(err error) int {
 	if !strings.HasPrefix(msg, "runstate") {
 		msg = "runstate: " + msg
 	}
+	if c.repeats(msg, err) {
+		return exitFail
+	}
+	c.said = append(c.said, msg)
 	fmt.Fprintln(c.err, escape.Page(msg))
 	return exitFail
+}
+
+// repeats reports whether an error printed before (fail) already says
+// all that err (msg) says: the same text, or, for a Run made read-only
+// by a failed write, the write error that every later call of the Run
+// (the stage's Fail, Close) wraps again.
+func (c *cli) repeats(msg string, err error) bool {
+	said := func(s string) bool {
+		s = strings.TrimPrefix(s, "runstate: ")
+		for _, p := range c.said {
+			if strings.Contains(p, s) {
+				return true
+			}
+		}
+		return false
+	}
+	if said(msg) {
+		return true
+	}
+	var multi interface{ Unwrap() []error }
+	if !errors.Is(err, runstate.ErrReadOnly) || !errors.As(err, &multi) {
+		return false
+	}
+	for _, e := range multi.Unwrap() {
+		if e != runstate.ErrReadOnly && said(e.Error()) {
+			return true
+		}
+	}
+	return false
 }
 
 // notef prints a message on standard error, one line: the names, reasons
