@@ -431,7 +431,7 @@ func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
 		if cerr := ctx.Err(); cerr != nil {
 			timeout := ""
 			if errors.Is(cerr, context.DeadlineExceeded) {
-				timeout = ", or give Open a longer deadline"
+				timeout = ", or wait longer (the deadline of Open's context: -timeout D for the runstate command)"
 			}
 			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go: %w; nothing was recorded: see pg_stat_activity for the 'runstate session' connection that holds advisory lock %d exclusive (a frozen process?)%s",
 				s.id, s.runID, lockTimeout(cerr), s.runKey, timeout)
