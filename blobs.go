@@ -155,7 +155,7 @@ func (r *Run) fetchOutputs(ctx context.Context, outs []Output, of []string) erro
 		return nil
 	}
 	for i, o := range outs {
-		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
+		if sum, size, err := r.out.hashSized(o.Path, o.Size); err == nil && sum == o.SHA256 && size == o.Size {
 			continue
 		}
 		if err := r.fetchOutput(ctx, bs, o); err != nil {
@@ -246,7 +246,7 @@ func (r *Run) restoreOutputs(ctx context.Context, stage string, outs []Output, r
 		return reason, nil
 	}
 	for _, o := range outs {
-		if sum, size, err := r.out.hash(o.Path); err == nil && sum == o.SHA256 && size == o.Size {
+		if sum, size, err := r.out.hashSized(o.Path, o.Size); err == nil && sum == o.SHA256 && size == o.Size {
 			continue
 		}
 		if err := r.fetchOutput(ctx, bs, o); err != nil {

@@ -249,7 +249,7 @@
 //	ev       the event (below)
 //	session  the id (a UUID) of the session that wrote the record
 //	stage    the stage name, for stage events
-//	attempt  1, 2 … counting every begin of the stage in the run
+//	attempt  1, 2 … counting every begin of the stage in the run (at most 2^31-1)
 //	inputs   {name: "sha256:<hex>"}: the evidence the stage started from
 //	outputs  [{"path", "sha256", "size"}], paths relative to the run directory
 //	key      the idempotency key, for effect events

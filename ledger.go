@@ -227,8 +227,21 @@ func (d *decoder) parseChecked(line []byte, prev string, r *Record, facts lineFa
 	if r.Ev == "" {
 		return errors.New("record has no ev")
 	}
+	if r.Attempt < 0 || r.Attempt > maxAttempt {
+		return fmt.Errorf("attempt %d is out of range (1 to %d)", r.Attempt, maxAttempt)
+	}
+	for _, o := range r.Outputs {
+		if o.Size < 0 {
+			return fmt.Errorf("output %q has a negative size (%d)", o.Path, o.Size)
+		}
+	}
 	return nil
 }
+
+// maxAttempt is the largest attempt number a record may hold: the most
+// an int of 32 bits holds (decodeFast reads no more). Encoding/json, the
+// other path, would read more on 64 bits, and negative numbers.
+const maxAttempt = 1<<31 - 1
 
 // chain is the position of a reader or writer in the ledger: the last good
 // record and where it ends.

@@ -51,6 +51,14 @@ func decodeManifest(data []byte) (*state, snapshotPos, error) {
 		if st == nil || st.Name == "" {
 			return nil, snapshotPos{}, fmt.Errorf("stage without a name")
 		}
+		if st.Attempt < 0 || st.Attempt > maxAttempt {
+			return nil, snapshotPos{}, fmt.Errorf("stage %q: attempts %d out of range", st.Name, st.Attempt)
+		}
+		for _, o := range st.Outputs {
+			if o.Size < 0 {
+				return nil, snapshotPos{}, fmt.Errorf("stage %q: output %q has a negative size", st.Name, o.Path)
+			}
+		}
 		s.stages[st.Name] = st
 	}
 	for _, e := range m.Effects {

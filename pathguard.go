@@ -30,9 +30,10 @@ var ownEntries = []string{"logs", sessionsDir, tmpDir, handoffDir,
 	ledgerFile, walFile, lockFile, nextStepsFile, manifestFile, WorkDirFile}
 
 // guardOwnFiles checks runstate's own files in dir before anything opens
-// them: none may be a symbolic link, and none that is a
+// them: none may be a symbolic link, none that is a
 // file may be a FIFO, a device or a socket (opening one blocks, or writes
-// elsewhere). It returns the mode the run's files get: the ledger's
+// elsewhere), and the journal, overwritten in place, may have no other
+// hard link. It returns the mode the run's files get: the ledger's
 // group and other bits, so that a run made private with chmod stays so
 // (0o777, no change, for a new run and on Windows). Files of runstate's
 // that are more open than the ledger are brought to its bits, and said
@@ -56,6 +57,12 @@ func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
 				ErrInvalid, p, to)
 		case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
 			return 0, fmt.Errorf("%w: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))
+		case rel == walFile && linkCount(fi) > 1:
+			// Overwritten in place: through a hard link, that would
+			// overwrite a file elsewhere (a copy made with cp -al, or any
+			// file outside the run).
+			return 0, fmt.Errorf("%w: %s has %d hard links: runstate overwrites it in place, which would change the other names' file too; give it a file of its own (cp %s %s.copy && mv %s.copy %s), then run again",
+				ErrInvalid, p, linkCount(fi), p, p, p, p)
 		}
 		if rel == ledgerFile && t.IsRegular() && runtime.GOOS != "windows" {
 			mode = 0o700 | fi.Mode().Perm()&0o077
@@ -70,7 +77,10 @@ func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
 // tighten brings runstate's files in dir (the projections, the journal,
 // the handoff files, torn tails and backups of the ledger) down to mode
 // where they have more bits: a ledger made private keeps its copies
-// private. A file it cannot change stays as it was.
+// private. A file it cannot change stays as it was, and so does one with
+// a hard link outside the files it looks at (its mode is that of a file
+// elsewhere too, perhaps outside the run; runstate's own links are
+// logs/next-steps.txt and a session's file in logs/handoff).
 func tighten(dir string, mode fs.FileMode, log *slog.Logger) {
 	var paths []string
 	for _, d := range []string{"logs", handoffDir} {
@@ -82,10 +92,25 @@ func tighten(dir string, mode fs.FileMode, log *slog.Logger) {
 		}
 	}
 	paths = append(paths, filepath.Join(dir, manifestFile))
-	for _, p := range paths {
-		fi, err := os.Lstat(p)
-		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^mode == 0 {
+	infos := make([]fs.FileInfo, len(paths))
+	links := map[fileKey]uint64{} // how many of paths name each file
+	for i, p := range paths {
+		if fi, err := os.Lstat(p); err == nil {
+			infos[i] = fi
+			if k, ok := fileKeyOf(fi); ok {
+				links[k]++
+			}
+		}
+	}
+	for i, p := range paths {
+		fi := infos[i]
+		if fi == nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&^mode == 0 {
 			continue
+		}
+		if n := linkCount(fi); n > 1 {
+			if k, ok := fileKeyOf(fi); !ok || links[k] < n {
+				continue // linked from elsewhere
+			}
 		}
 		if err := os.Chmod(p, fi.Mode().Perm()&mode); err == nil && log != nil {
 			log.Info("runstate: made a file as private as the ledger", "file", p, "mode", fi.Mode().Perm()&mode)
@@ -121,6 +146,9 @@ func (s *dirStore) guard() error {
 	s.fs = withMode(s.fs, mode)
 	return nil
 }
+
+// fileKey identifies a file: its device and inode numbers.
+type fileKey struct{ dev, ino uint64 }
 
 // modeFS is a fileSystem whose new files get at most mode's bits.
 type modeFS struct {

@@ -166,6 +166,33 @@ func TestPrivateRunStaysPrivate(t *testing.T) {
 	}
 }
 
+// Making a private run's files private never changes a file outside the
+// run: a file in logs/ that is a hard link to one elsewhere keeps its
+// mode (Open and Repair chmod'ed the other file through the link).
+func TestPrivateRunChangesNoFileThroughAHardLink(t *testing.T) {
+	dir := t.TempDir()
+	r, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.NoError(t, os.Chmod(ledgerPath(dir), 0o600))
+	outside := filepath.Join(t.TempDir(), "shared.conf")
+	require.NoError(t, os.WriteFile(outside, []byte("shared\n"), 0o644))
+	require.NoError(t, os.Chmod(outside, 0o644)) // whatever the umask
+	require.NoError(t, os.Link(outside, filepath.Join(dir, "logs", "notes.txt")))
+
+	r, err = runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	_, err = runstate.Repair(dir, nil)
+	require.NoError(t, err)
+	fi, err := os.Stat(outside)
+	require.NoError(t, err)
+	assert.Equal(t, fs.FileMode(0o644), fi.Mode().Perm(), "a file outside the run was chmod'ed through a hard link")
+	fi, err = os.Stat(filepath.Join(dir, "manifest.json"))
+	require.NoError(t, err)
+	assert.Zero(t, fi.Mode().Perm()&0o077, "runstate's own files are still made private")
+}
+
 // TestReadersRefuseFIFO: Inspect, NextSteps, ReadLedger and Verify return,
 // never wait for a writer, when one of runstate's files is a FIFO (or
 // manifest.json a link to /dev/zero, which they never read to its end),
@@ -313,4 +340,208 @@ func TestCheckOutputBeforeBegin(t *testing.T) {
 
 	require.NoError(t, r.Close())
 	assert.ErrorIs(t, r.CheckOutput("real/f"), runstate.ErrClosed)
+}
+
+// runstate's own hard links — logs/next-steps.txt and an open session's
+// file in logs/handoff — are still made private by a second session's
+// Open.
+func TestPrivateRunTightensItsOwnHardLinks(t *testing.T) {
+	dir := t.TempDir()
+	r, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.Do(context.Background(), "a", func(context.Context, *runstate.Stage) error { return nil }))
+	next := filepath.Join(dir, "logs", "next-steps.txt")
+	fi, err := os.Stat(next)
+	require.NoError(t, err)
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	require.True(t, ok)
+	require.EqualValues(t, 2, st.Nlink, "the handoff is published through a hard link in logs/handoff")
+	require.NoError(t, os.Chmod(next, 0o644))
+	require.NoError(t, os.Chmod(ledgerPath(dir), 0o600))
+
+	r2, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	defer r2.Close()
+	own, err := filepath.Glob(filepath.Join(dir, "logs", "handoff", r.Session()+".*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, own)
+	for _, p := range append(own, next) {
+		fi, err = os.Stat(p)
+		require.NoError(t, err)
+		assert.Zero(t, fi.Mode().Perm()&0o077, "%s is %s in a private run", p, fi.Mode())
+	}
+}
+
+// logs/ledger.wal, the journal runstate overwrites in place, that is a
+// hard link to a file outside the run is refused by Open and Repair,
+// naming it: the other file keeps its bytes. Open overwrote it.
+func TestJournalWithAnotherHardLinkIsRefused(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := &runstate.Options{Request: testRequest} // with fsync: the journal is used
+	r, err := runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	wal := filepath.Join(dir, "logs", "ledger.wal")
+	data, err := os.ReadFile(wal)
+	require.NoError(t, err)
+	outside := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(outside, data, 0o644))
+	require.NoError(t, os.Remove(wal))
+	require.NoError(t, os.Link(outside, wal))
+
+	r, err = runstate.Open(dir, opts)
+	if err == nil {
+		for i := range 50 {
+			require.NoError(t, r.Do(ctx, fmt.Sprint("s", i), func(context.Context, *runstate.Stage) error { return nil }))
+		}
+		require.NoError(t, r.Close())
+	}
+	got, rerr := os.ReadFile(outside)
+	require.NoError(t, rerr)
+	assert.Equal(t, data, got, "the file outside the run was overwritten through a hard link")
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), wal+" has 2 hard links")
+	_, err = runstate.Repair(dir, nil)
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	_, err = runstate.Inspect(dir)
+	assert.NoError(t, err, "readers write nothing: they read it")
+
+	// Its own copy: the run opens again, with nothing lost.
+	require.NoError(t, os.Remove(wal))
+	require.NoError(t, os.WriteFile(wal, data, 0o644))
+	r, err = runstate.Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+}
+
+// A recorded output replaced by a file of another size — here a sparse
+// file of 256 GiB, which takes minutes to read — is altered without being
+// read: Verify and a Begin that checks the evidence say so at once. They
+// hashed it all first.
+func TestOutputOfAnotherSizeIsNotRead(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	require.NoError(t, r.Do(ctx, "t", writeStage("artifacts/t.txt", "t")))
+	require.NoError(t, r.Close())
+	p := filepath.Join(dir, "artifacts", "t.txt")
+	require.NoError(t, os.Truncate(p, 256<<30))
+	stop := func() { os.Truncate(p, 0) } // ends a read under way
+
+	var rep *runstate.Report
+	require.NoError(t, within(t, "Verify", stop, func() (err error) {
+		rep, err = runstate.Verify(dir)
+		return err
+	}))
+	require.Len(t, rep.Problems, 1)
+	assert.Contains(t, rep.Problems[0].What, "output artifacts/t.txt altered")
+	assert.Contains(t, rep.Problems[0].What, "274877906944 bytes, want 1")
+
+	r, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	defer r.Close()
+	ran := false
+	require.NoError(t, within(t, "Do", stop, func() error {
+		return r.Do(ctx, "t", func(ctx context.Context, st *runstate.Stage) error {
+			ran = true
+			return st.WriteFile("artifacts/t.txt", []byte("t"))
+		})
+	}))
+	assert.True(t, ran, "the stage is redone")
+}
+
+// A session's lock file in logs/sessions that is a symbolic link is not
+// followed: a Run never opens what it points to (a device such as
+// /dev/watchdog acts on open). It opened the link's target.
+func TestSessionLockLinkIsNotFollowed(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	_, err = r.Begin(ctx, "s")
+	require.NoError(t, err)
+	require.NoError(t, r.Close()) // s stays running, its session gone
+	fifo := filepath.Join(t.TempDir(), "device")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	lock := filepath.Join(dir, "logs", "sessions", r.Session()+".lock")
+	require.NoError(t, os.Symlink(fifo, lock))
+	opened := watchOpen(t, fifo)
+
+	r2, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	defer r2.Close()
+	_, err = r2.Begin(ctx, "s") // its session closed: s was interrupted
+	require.NoError(t, err)
+	select {
+	case <-opened:
+		t.Fatal("runstate opened the target of a symbolic link in logs/sessions")
+	case <-time.After(500 * time.Millisecond):
+	}
+}
+
+// watchOpen returns a channel closed when someone opens the FIFO p to
+// read: a writer's open(2) returns then. The writer is let go at the
+// test's end (a reader opened without blocking, and closed).
+func watchOpen(t *testing.T, p string) <-chan struct{} {
+	opened := make(chan struct{})
+	go func() {
+		if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+			close(opened)
+			f.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		if fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			syscall.Close(fd)
+		}
+	})
+	return opened
+}
+
+// The readers do not open a file that a symbolic link among runstate's
+// files (or a File input) points to when it is not a regular file — a
+// device acts on open (/dev/watchdog arms, a tape rewinds): they refuse
+// it from its stat. They opened it, then refused it.
+func TestReadersDoNotOpenALinkedDevice(t *testing.T) {
+	for _, rel := range []string{"manifest.json", "logs/next-steps.txt", "logs/ledger.jsonl", "logs/ledger.wal"} {
+		t.Run(filepath.Base(rel), func(t *testing.T) {
+			r, dir := newTestRun(t)
+			require.NoError(t, r.Close())
+			fifo := filepath.Join(t.TempDir(), "device")
+			require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+			p := filepath.Join(dir, filepath.FromSlash(rel))
+			if err := os.Remove(p); !os.IsNotExist(err) {
+				require.NoError(t, err)
+			}
+			require.NoError(t, os.Symlink(fifo, p))
+			opened := watchOpen(t, fifo)
+
+			_, err := runstate.Inspect(dir)
+			_, nerr := runstate.NextSteps(dir)
+			rep, verr := runstate.Verify(dir)
+			select {
+			case <-opened:
+				t.Fatalf("a reader opened the FIFO %s links to (Inspect: %v, NextSteps: %v, Verify: %v)", rel, err, nerr, verr)
+			case <-time.After(500 * time.Millisecond):
+			}
+			if verr == nil {
+				require.NotEmpty(t, rep.Problems)
+				verr = fmt.Errorf("%v", rep.Problems)
+			}
+			assert.Contains(t, verr.Error(), "not a regular file")
+		})
+	}
+	// A File input.
+	fifo := filepath.Join(t.TempDir(), "device")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
+	opened := watchOpen(t, fifo)
+	r, _ := newTestRun(t)
+	_, err := r.Begin(context.Background(), "s", runstate.File(fifo))
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	select {
+	case <-opened:
+		t.Fatal("Begin opened a File input that is a FIFO")
+	case <-time.After(500 * time.Millisecond):
+	}
 }

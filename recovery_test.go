@@ -821,3 +821,75 @@ func TestRecoveryTornCreate(t *testing.T) {
 		assert.Equal(t, first[:k], data)
 	}
 }
+
+// An attempt number no writer records — negative, or past the 2^31-1
+// that an int of 32 bits holds — in a line whose chain and checksum hold
+// (a hand edit, then rechained) is corruption naming the line, for every
+// reader alike. It read: a stage began again at attempt
+// -9223372036854775808 (the next one after 2^63-1), or a negative attempt
+// counted as done.
+func TestRecoveryAttemptOutOfRange(t *testing.T) {
+	for _, attempt := range []string{"-1", "2147483648", "9223372036854775807"} {
+		t.Run(attempt, func(t *testing.T) {
+			dir := buildRun(t)
+			require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
+			require.NoError(t, editLines(ledgerPath(dir), func(l [][]byte) []byte {
+				for _, n := range []int{5, 6} { // 6 begin b, 7 fail b
+					l[n] = bytes.Replace(l[n], []byte(`"attempt":1,`), []byte(`"attempt":`+attempt+`,`), 1)
+				}
+				return rechain(l)
+			}))
+			ledger := readLedgerBytes(t, dir)
+
+			_, err := runstate.Inspect(dir)
+			var ce *runstate.CorruptError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, 6, ce.Line, "%v", err)
+			assert.Contains(t, err.Error(), "attempt "+attempt)
+			_, err = runstate.Open(dir, testOptions())
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, 6, ce.Line, "%v", err)
+			assert.Equal(t, ledger, readLedgerBytes(t, dir), "the ledger is not touched")
+		})
+	}
+}
+
+// A stage at the largest attempt a record holds is not begun again: the
+// begin would hold an attempt every reader refuses. Nothing is recorded.
+func TestBeginRefusesAnAttemptPastTheLargest(t *testing.T) {
+	dir := buildRun(t)
+	require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
+	require.NoError(t, editLines(ledgerPath(dir), func(l [][]byte) []byte {
+		for _, n := range []int{5, 6} { // 6 begin b, 7 fail b
+			l[n] = bytes.Replace(l[n], []byte(`"attempt":1,`), []byte(`"attempt":2147483647,`), 1)
+		}
+		return rechain(l[:7]) // b failed at attempt 2^31-1
+	}))
+	r, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	_, err = r.Begin(context.Background(), "b")
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "stage b has begun 2147483647 times")
+	require.NoError(t, r.Close())
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
+
+// An output's negative size in a line whose chain and checksum hold is
+// corruption naming the line: no file has it, and Verify and Begin
+// compare sizes before they read. encoding/json read it.
+func TestRecoveryNegativeOutputSize(t *testing.T) {
+	dir := buildRun(t)
+	require.NoError(t, os.Remove(filepath.Join(dir, "manifest.json")))
+	require.NoError(t, editLines(ledgerPath(dir), func(l [][]byte) []byte {
+		require.Contains(t, string(l[4]), `"size":5`) // 5 complete a
+		l[4] = bytes.Replace(l[4], []byte(`"size":5`), []byte(`"size":-1`), 1)
+		return rechain(l)
+	}))
+	_, err := runstate.Inspect(dir)
+	var ce *runstate.CorruptError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, 5, ce.Line, "%v", err)
+	assert.Contains(t, err.Error(), "negative size")
+}

@@ -467,6 +467,9 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 			if err := r.checkFlow(s, name, st); err != nil {
 				return nil, err
 			}
+			if st.Attempt < 0 || st.Attempt >= maxAttempt {
+				return nil, fmt.Errorf("%w: stage %s has begun %d times, and a ledger record counts 1 to %d (the ledger or manifest.json was edited?); nothing recorded", ErrInvalid, name, st.Attempt, maxAttempt)
+			}
 			attempt = st.Attempt + 1
 			why = attemptReason(st, recs)
 			afterOuts, afterOf = ev.afterOutputs(s)

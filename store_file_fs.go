@@ -76,8 +76,14 @@ func readFile(fsys fileSystem, name string, limit int64) ([]byte, error) {
 	return data, nil
 }
 
-// openRegularIn is openRegular of name in fsys.
+// openRegularIn is openRegular of name in fsys. A name that is not a
+// regular file by its stat (through a symbolic link, a device) is refused
+// without being opened: a device may act on open (/dev/watchdog arms, a
+// tape rewinds).
 func openRegularIn(fsys fileSystem, name string, flag int) (file, fs.FileInfo, error) {
+	if fi, err := fsys.Stat(name); err == nil && !fi.Mode().IsRegular() {
+		return nil, nil, &notRegular{fi.Mode()}
+	}
 	return openRegular(flag, func(flag int) (file, error) { return fsys.OpenFile(name, flag, 0) })
 }
 

@@ -122,7 +122,10 @@ func (s *dirStore) aliveBy(session string, info func(string) *SessionStatus) boo
 		return true
 	}
 	p := s.path(sessionsDir + "/" + session + ".lock")
-	l := flock.New(p, flock.SetFlag(os.O_RDWR)) // no O_CREATE: a missing file stays missing
+	// No O_CREATE: a missing file stays missing. Not through a symbolic
+	// link (its target may be a device that acts on open), nor waiting
+	// on a FIFO: such a file proves nothing, the session counts as alive.
+	l := flock.New(p, flock.SetFlag(os.O_RDWR|oNoFollow|oNonblock))
 	ok, err := l.TryLock()
 	if err == nil {
 		if ok {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -71,8 +72,58 @@ func (d *dirSource) NextSteps(context.Context) (string, error) {
 
 func (d *dirSource) Handoff(context.Context) (string, string, error) {
 	p := filepath.Join(d.dir, "logs", "next-steps.txt")
-	data, err := os.ReadFile(p)
+	data, err := readHandoff(p)
 	return string(data), p, err
+}
+
+// maxHandoff is the most of logs/next-steps.txt that next reads. The page
+// runstate writes is a few KiB (its lines are cut at 200 bytes, its lists
+// at a few names), but for the run's revision and environment, which it
+// shows whole, escaped: up to 4 MiB (the identity's limit) that escaping
+// may make four times longer.
+const maxHandoff = 32 << 20
+
+// readHandoff reads the handoff file p, which must be a regular file (a
+// FIFO would block, a device such as /dev/zero never end, and a device
+// may act on open: one is not opened) of maxHandoff bytes at most.
+func readHandoff(p string) ([]byte, error) {
+	if fi, err := os.Stat(p); err == nil && !fi.Mode().IsRegular() {
+		return nil, notRegular(fi)
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|oNonblock, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, notRegular(fi)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxHandoff+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxHandoff {
+		return nil, fmt.Errorf("it is more than %d bytes, more than any handoff runstate writes", maxHandoff)
+	}
+	return data, nil
+}
+
+// notRegular says what fi, not a regular file, is.
+func notRegular(fi fs.FileInfo) error {
+	kind := "not a regular file"
+	switch t := fi.Mode().Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		kind = "a named pipe (FIFO), " + kind
+	case t&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+		kind = "a device, " + kind
+	case t&fs.ModeDir != 0:
+		kind = "a directory, " + kind
+	}
+	return errors.New("it is " + kind)
 }
 
 // ReadLedger reads the ledger as runstate.ReadLedger does (the records a
@@ -134,7 +185,10 @@ func sessionLock(dir, id string) (alive bool, err error) {
 // create, and releases it at once: ok when it got it. A variable for
 // tests.
 var tryRLock = func(p string) (ok bool, err error) {
-	l := flock.New(p, flock.SetFlag(os.O_RDONLY)) // no O_CREATE
+	// No O_CREATE; O_NONBLOCK: a FIFO put there must not block the open;
+	// O_NOFOLLOW: a symbolic link's target (a device that acts on open)
+	// is not opened, and tells nothing.
+	l := flock.New(p, flock.SetFlag(os.O_RDONLY|oNonblock|oNoFollow))
 	ok, err = l.TryRLock()
 	if ok {
 		l.Unlock()
@@ -317,6 +371,13 @@ func (f *ledgerFollower) poll(ctx context.Context, fn func(*runstate.Record) err
 		// is one whose last records the journal held (a machine crash):
 		// only a cut makes it shorter still.
 		return fmt.Errorf("runstate: %s shrank to %d bytes, below the %d already shown: it was cut (runstate repair -truncate-at?); run 'runstate log %s' again", f.path, size, f.end, quoteArg(f.dir))
+	}
+	if fi.Size() == f.file.Size() && fi.ModTime().Equal(f.file.ModTime()) {
+		// Nothing appended since the last read: a torn tail is not
+		// scanned again. (Only a torn tail cut and a record of its very
+		// length appended within one tick of a coarse clock hides here,
+		// until the next append.)
+		return nil
 	}
 	f.file = fi
 	err = f.read(ctx, fn)

@@ -54,7 +54,8 @@ the library's Do:
     standard input. Its standard output and error go to exec's, and also
     to DIR/exec/STAGE.stdout and DIR/exec/STAGE.stderr, which are outputs
     of the stage (a "/" in STAGE makes subdirectories; other characters
-    than letters, digits, ".", "_" and "-" are %XX-escaped; a part that
+    than letters, digits, ".", "_" and "-" are %XX-escaped, and so is the
+    first of a part Windows takes for a device: aux is %61ux; a part that
     would make a file name longer than 255 bytes keeps its start and ends
     in "~" and a hash of STAGE).
   - Exit 0: every -out PATH must exist; the stage completes with the
@@ -438,7 +439,9 @@ func stdPath(stage, stream string) string {
 const maxFileName = 255
 
 // escapeName keeps letters, digits, ".", "_" and "-" of s and escapes
-// other bytes as %XX.
+// other bytes as %XX. A name that Windows takes for a device (aux, CON,
+// nul.txt, com1: the library refuses it as an output on every system)
+// has its first byte escaped too.
 func escapeName(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
@@ -451,7 +454,25 @@ func escapeName(s string) string {
 			fmt.Fprintf(&b, "%%%02X", ch)
 		}
 	}
-	return b.String()
+	name := b.String()
+	if isDeviceName(name) {
+		name = fmt.Sprintf("%%%02X", name[0]) + name[1:]
+	}
+	return name
+}
+
+// isDeviceName reports whether name, escaped (escapeName), is one that
+// Windows takes for a device: CON, PRN, AUX, NUL, COM1-9 or LPT1-9, in
+// any case, alone or before a ".".
+func isDeviceName(name string) bool {
+	base, _, _ := strings.Cut(name, ".")
+	switch up := strings.ToUpper(base); {
+	case up == "CON", up == "PRN", up == "AUX", up == "NUL":
+		return true
+	case len(up) == 4 && (up[:3] == "COM" || up[:3] == "LPT") && '1' <= up[3] && up[3] <= '9':
+		return true
+	}
+	return false
 }
 
 // shorten returns name (escaped) when it has at most room bytes, else its
@@ -639,8 +660,11 @@ func checkOutputs(r *runstate.Run, stage string, paths []string) error {
 	return nil
 }
 
-// createStd creates (truncating) the files that keep the command's
-// standard output and error, under the absolute run directory.
+// createStd creates the files that keep the command's standard output
+// and error, under the absolute run directory. An old one is removed and
+// a new one created (O_EXCL), never written through: a hard link to a
+// file outside the run, or a FIFO no one reads (a full one blocks the
+// command's output for ever), left there is replaced.
 func createStd(dir string, paths ...string) ([]*os.File, error) {
 	var files []*os.File
 	for _, p := range paths {
@@ -648,7 +672,13 @@ func createStd(dir string, paths ...string) ([]*os.File, error) {
 		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
 			return nil, err
 		}
-		f, err := os.Create(full)
+		if err := os.Remove(full); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("%w: exec replaces the file on each attempt; make %s writable", err, filepath.Dir(full))
+		}
+		f, err := os.OpenFile(full, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
 		if err != nil {
 			for _, f := range files {
 				f.Close()

@@ -476,3 +476,30 @@ func TestExecWhoseCompleteFailsSaysTheStageIsNotComplete(t *testing.T) {
 	assert.Contains(t, r.err, "runstate: command sh exited 0, but the stage could not be recorded complete, so it is not (the next exec runs the command again): ")
 	assert.Equal(t, 1, strings.Count(r.err, "record has no ev"), "the cause, said once (not again for the Fail and the Close it also made fail):\n%s", r.err)
 }
+
+// A stage whose name Windows takes for a device (aux, CON, nul.txt,
+// com1) runs: its output files' names escape the name's first byte, as
+// the library refuses a device name as an output on every system. exec
+// refused such a stage with exit 125, saying to remove a link.
+func TestExecStageNamedLikeAWindowsDevice(t *testing.T) {
+	for stage, want := range map[string]string{
+		"aux":     "exec/%61ux.stdout",
+		"CON":     "exec/%43ON.stdout",
+		"nul.txt": "exec/%6Eul.txt.stdout",
+		"x/com1":  "exec/x/%63om1.stdout",
+		"lpt1/y":  "exec/%6Cpt1/y.stdout",
+		"console": "exec/console.stdout",
+		"com10":   "exec/com10.stdout",
+	} {
+		assert.Equal(t, want, stdPath(stage, "stdout"), stage)
+	}
+	dir, _ := shellRun(t, "aux", "CON", "nul.txt", "x/com1")
+	for _, stage := range []string{"aux", "CON", "nul.txt", "x/com1"} {
+		r := execCLI(t, dir, stage, nil, "echo", "hi")
+		require.Equal(t, exitOK, r.code, "%s: %s", stage, r.err)
+		assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, stage).State)
+		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(stdPath(stage, "stdout"))))
+		require.NoError(t, err)
+		assert.Equal(t, "hi\n", string(b))
+	}
+}

@@ -7,6 +7,12 @@ import (
 	"os/exec"
 )
 
+// oNonblock: opening a file does not block here (readHandoff, tryRLock).
+const oNonblock = 0
+
+// oNoFollow: no such flag here.
+const oNoFollow = 0
+
 // forwardSignals are the signals runProc passes on to the command. On
 // Windows the console delivers Ctrl-C to every process attached to it, the
 // command included, so there is nothing to pass on.

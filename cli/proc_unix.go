@@ -10,6 +10,13 @@ import (
 	"time"
 )
 
+// oNonblock opens a FIFO without waiting for a writer (readHandoff,
+// tryRLock).
+const oNonblock = syscall.O_NONBLOCK
+
+// oNoFollow makes an open of a symbolic link fail (tryRLock).
+const oNoFollow = syscall.O_NOFOLLOW
+
 // forwardSignals are the signals runProc passes on to the command.
 var forwardSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 

@@ -363,15 +363,53 @@ func asTyped(text, addr, name string) string {
 }
 
 // writeJSON writes v as indented JSON, with every rune a terminal could
-// act on written as a \u escape (escape.JSON): the same values.
+// act on written as a \u escape (escape.JSON): the same values. JSON that
+// indenting would make more than a few times longer (a receipt nested a
+// few hundred levels deep in a record: each level indents every line
+// below it) is written compact, on one line.
 func writeJSON(w io.Writer, v any) error {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
+	if n := indentedSize(b.Bytes()); n <= 8*int64(b.Len())+1<<20 {
+		var ind bytes.Buffer
+		ind.Grow(int(n))
+		if err := json.Indent(&ind, b.Bytes(), "", "  "); err != nil {
+			return err
+		}
+		b = ind
+	}
 	_, err := w.Write(escape.JSON(b.Bytes()))
 	return err
+}
+
+// indentedSize is at least the size of compact JSON b indented by two
+// spaces a level: each line break that indenting adds, after a '[', '{'
+// or ',' and before a ']' or '}', is followed by the level's indent.
+func indentedSize(b []byte) int64 {
+	n, depth, str := int64(len(b)), int64(0), false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case str && c == '\\':
+			i++
+		case c == '"':
+			str = !str
+		case str:
+		case c == '[' || c == '{':
+			depth++
+			n += 1 + 2*depth
+		case c == ']' || c == '}':
+			depth--
+			n += 1 + 2*depth
+		case c == ',':
+			n += 1 + 2*depth
+		case c == ':':
+			n++
+		}
+	}
+	return n
 }
