@@ -324,11 +324,12 @@
 // manifest.json is a JSON object: format, id, request, revision,
 // environment, created, seq, updated (when it was written), plan, stages
 // (name, state, attempts, inputs, outputs, reason, error ...), artifacts
-// (path, sha256, size, stage, seq), effects, sessions, metrics, and
-// "ledger": the byte offset, end and hash of the last record it reflects;
-// then what Open needs to resume without a replay: identity (the create
-// record's data), last and last_done, top_plan and plans (when a stage
-// planned work with Stage.Plan), and "sum", the hex SHA-256 of the object
+// (path, sha256, size, stage, seq), effects (their requests and receipts
+// as compact JSON), sessions, metrics, and "ledger": the byte offset, end
+// and hash of the last record it reflects; then what Open needs to
+// resume without a replay: identity (the create record's data), last and
+// last_done, top_plan and plans (when a stage planned work with
+// Stage.Plan), and "sum", the hex SHA-256 of the object
 // encoded with sum empty. Open resumes from it when its sum holds and the
 // ledger still has, at that offset, a record with that hash, and replays
 // only the records after it; otherwise (a manifest edited by hand, say) it

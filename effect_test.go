@@ -638,3 +638,36 @@ func TestEffectSettledByAnotherSessionMeanwhile(t *testing.T) {
 	assert.Zero(t, dos.Load(), "nobody sent it again")
 	assert.Equal(t, []string{"intent", "unconfirmed", "confirm"}, i3Evs(i3Records(t, dir), "k"))
 }
+
+// A receipt nested deep (the writer takes up to 200 levels: JSON a
+// receiving system may return) is kept compact in manifest.json. Indented,
+// each of its lines went as many spaces further in as it is deep: a 20 KB
+// receipt made a manifest.json of megabytes, rewritten as the run goes on
+// and read by every Open and status.
+func TestEffectDeepReceiptKeepsTheManifestSmall(t *testing.T) {
+	r, dir := newTestRun(t)
+	const depth = 190
+	receipt := strings.Repeat("[", depth) + strings.Repeat("0,", 10000) + "0" + strings.Repeat("]", depth)
+	got, err := r.Effect(context.Background(), "deep", runstate.Effect{
+		Do: func(context.Context, string) (json.RawMessage, error) { return json.RawMessage(receipt), nil },
+	})
+	require.NoError(t, err)
+	assert.JSONEq(t, receipt, string(got))
+	require.NoError(t, r.Close())
+	fi, err := os.Stat(filepath.Join(dir, "manifest.json"))
+	require.NoError(t, err)
+	assert.Less(t, fi.Size(), int64(2*len(receipt)+64<<10), "manifest.json for a %d-byte receipt", len(receipt))
+
+	st, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	require.Len(t, st.Effects, 1)
+	assert.JSONEq(t, receipt, string(st.Effects[0].Receipt))
+	r2, err := runstate.Open(dir, testOptions())
+	require.NoError(t, err)
+	again, err := r2.Effect(context.Background(), "deep", runstate.Effect{
+		Do: func(context.Context, string) (json.RawMessage, error) { return nil, errors.New("sent twice") },
+	})
+	require.NoError(t, err)
+	assert.JSONEq(t, receipt, string(again), "the stored receipt, from the manifest resumed")
+	require.NoError(t, r2.Close())
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -212,14 +213,46 @@ func FuzzReplay(f *testing.F) {
 }
 
 // encodeWhole is manifest.json's encoding as encoding/json gives it for the
-// whole struct at once: what manifest.encode must equal, byte for byte.
+// whole struct at once, but for the effects' requests and receipts, which
+// are compact (json.Compact) where encoding/json indents them: what
+// manifest.encode must equal, byte for byte.
 func encodeWhole(m *manifest) ([]byte, error) {
+	c := *m
+	var raws [][]byte // in place of each, a string that no other value is
+	mark := func(i int) string { return fmt.Sprintf(`"\u0000runstate-raw-%d\u0000"`, i) }
+	if m.Effects != nil {
+		c.Effects = make([]*EffectStatus, len(m.Effects))
+		for i, e := range m.Effects {
+			if e == nil {
+				continue
+			}
+			ce := *e
+			for _, f := range []*json.RawMessage{&ce.Request, &ce.Receipt} {
+				if len(*f) == 0 {
+					continue
+				}
+				var b bytes.Buffer
+				if err := json.Compact(&b, *f); err != nil {
+					return nil, err
+				}
+				*f = json.RawMessage(mark(len(raws)))
+				raws = append(raws, b.Bytes())
+			}
+			c.Effects[i] = &ce
+		}
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	err := enc.Encode(m)
-	return buf.Bytes(), err
+	if err := enc.Encode(&c); err != nil {
+		return nil, err
+	}
+	out := buf.Bytes()
+	for i, r := range raws {
+		out = bytes.Replace(out, []byte(mark(i)), r, 1)
+	}
+	return out, nil
 }
 
 // manifestOf builds a state whose stages (complete with inputs and

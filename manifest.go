@@ -73,15 +73,17 @@ type manifest struct {
 
 // encode renders m as manifest.json's bytes: byte for byte what
 // encoding/json gives for the whole struct (no HTML escaping, indented by
-// two spaces), which sum relies on. The stages and artifacts, which grow
-// with the run, are written by appendStage and appendArtifact and spliced
-// in: through encoding/json (reflection, then a second pass to indent),
-// the manifest of 100,000 stages with an input and an output each (72 MB)
-// took 0.6-1.3 s, holding the ledger lock. hint is how long the last
+// two spaces), but for the effects' requests and receipts, which are
+// written compact (appendEffect); sum relies on it. The stages, artifacts
+// and effects are written by appendStage, appendArtifact and appendEffect
+// and spliced in. The stages and artifacts grow with the run: through
+// encoding/json (reflection, then a second pass to indent), the manifest
+// of 100,000 stages with an input and an output each (72 MB) took 0.6-1.3
+// s, holding the ledger lock. hint is how long the last
 // encoding was (0 if unknown): the buffer is made that large at once.
 func (m *manifest) encode(hint int) ([]byte, error) {
 	head := *m
-	head.Stages, head.Artifacts = []*StageStatus{}, []Artifact{}
+	head.Stages, head.Artifacts, head.Effects = []*StageStatus{}, []Artifact{}, []*EffectStatus{}
 	var hb bytes.Buffer
 	enc := json.NewEncoder(&hb)
 	enc.SetEscapeHTML(false)
@@ -90,11 +92,12 @@ func (m *manifest) encode(hint int) ([]byte, error) {
 		return nil, err
 	}
 	skel := hb.Bytes()
-	const stages, artifacts = "\n  \"stages\": [],\n", "\n  \"artifacts\": [],\n"
+	const stages, artifacts, effects = "\n  \"stages\": [],\n", "\n  \"artifacts\": [],\n", "\n  \"effects\": [],\n"
 	i := bytes.Index(skel, []byte(stages))
-	j := i + len(stages) - 1 // the artifacts follow the stages
-	if i < 0 || !bytes.HasPrefix(skel[j:], []byte(artifacts)) {
-		return nil, errors.New("runstate: manifest encoding has its stages and artifacts elsewhere")
+	j := i + len(stages) - 1    // the artifacts follow the stages
+	k := j + len(artifacts) - 1 // and the effects the artifacts
+	if i < 0 || !bytes.HasPrefix(skel[j:], []byte(artifacts)) || !bytes.HasPrefix(skel[k:], []byte(effects)) {
+		return nil, errors.New("runstate: manifest encoding has its stages, artifacts and effects elsewhere")
 	}
 	// About what the lists take, and room for the sum (encodeManifest).
 	out := make([]byte, 0, max(hint, len(skel)+512*len(m.Stages)+256*len(m.Artifacts))+128)
@@ -114,7 +117,72 @@ func (m *manifest) encode(hint int) ([]byte, error) {
 		out = appendArtifact(out, &m.Artifacts[k])
 	}
 	out = endList(out, len(m.Artifacts))
-	return append(out, skel[j+len(artifacts)-1:]...), nil
+	if m.Effects == nil { // as encoding/json writes a nil slice
+		out = append(out, "\n  \"effects\": null,"...)
+	} else {
+		out = append(out, "\n  \"effects\": ["...)
+		for n, e := range m.Effects {
+			out = appendElem(out, n)
+			if out, err = appendEffect(out, e); err != nil {
+				return nil, err
+			}
+		}
+		out = endList(out, len(m.Effects))
+	}
+	return append(out, skel[k+len(effects)-1:]...), nil
+}
+
+// appendEffect appends e as an element of manifest.json's effects. Its
+// request and receipt, JSON a receiving system returned, are written
+// compact: indenting a value nested a few hundred levels deep (a legitimate
+// receipt may be) writes each line below a level that many spaces further
+// in, which made a manifest.json of 82 MB from a receipt of 400 KB.
+func appendEffect(b []byte, e *EffectStatus) ([]byte, error) {
+	if e == nil {
+		return append(b, "null"...), nil
+	}
+	o := jsonObject{b: b, indent: "\n      "}
+	o.str("key", e.Key)
+	o.str("state", e.State)
+	if e.Payload != "" {
+		o.str("payload", e.Payload)
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"request", e.Request}, {"receipt", e.Receipt}} {
+		if len(f.raw) == 0 {
+			continue
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, f.raw); err != nil {
+			return nil, fmt.Errorf("runstate: manifest: effect %s: %s: %w", e.Key, f.name, err)
+		}
+		o.key(f.name)
+		o.b = append(o.b, buf.Bytes()...)
+	}
+	o.int("intents", int64(e.Intents))
+	if e.Session != "" {
+		o.str("session", e.Session)
+	}
+	if e.Error != "" {
+		o.str("error", e.Error)
+	}
+	if e.By != "" {
+		o.str("by", e.By)
+	}
+	o.int("seq", e.Seq)
+	o.key("at") // not omitempty: the zero time too, as encoding/json writes it
+	at, err := e.At.AppendText(append(o.b, '"'))
+	if err != nil {
+		return nil, fmt.Errorf("runstate: manifest: effect %s: at: %w", e.Key, err)
+	}
+	o.b = append(at, '"')
+	if e.Pending {
+		o.key("pending")
+		o.b = append(o.b, "true"...)
+	}
+	return o.end("\n    "), nil
 }
 
 // appendElem starts element k of a top-level list of manifest.json.
