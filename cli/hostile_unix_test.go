@@ -234,3 +234,20 @@ func TestStatusJSONDoesNotBlowUpADeepReceipt(t *testing.T) {
 	res = runCLIWithin(t, 60*time.Second, "status", "-json", healthyRun(t))
 	assert.Contains(t, res.out, "\n  \"", "a status without such a value is indented as before")
 }
+
+// ls lists a run whose ledger is not a regular file (a FIFO put there)
+// as an error, saying why, and exits 1: it left the run out without a
+// word, as if there were none.
+func TestLsListsARunWhoseLedgerIsAFIFO(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "fifo")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "logs"), 0o755))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "logs", "ledger.jsonl"), 0o644))
+	res := runCLIWithin(t, 20*time.Second, "ls", "-json", root)
+	assert.Equal(t, exitFail, res.code, res.err)
+	var runs []lsRun
+	require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
+	require.Len(t, runs, 1, "the run is listed")
+	assert.Equal(t, "error", runs[0].State)
+	assert.Contains(t, runs[0].Error, "named pipe")
+}
