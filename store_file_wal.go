@@ -294,6 +294,9 @@ func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
 		if isNotExist(err) {
 			return nil, 0, err
 		}
+		if pe := (*os.PathError)(nil); errors.As(err, &pe) && pe.Path == p {
+			err = pe.Err // named once, below
+		}
 		return nil, 0, fmt.Errorf("runstate: open %s: %w (it may hold acknowledged records that a machine crash kept out of the ledger: make it readable)", p, err)
 	}
 	if fi.Size() < walMin || fi.Size()%walAlign != 0 {

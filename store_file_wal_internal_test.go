@@ -513,3 +513,19 @@ func TestVerifyLiveRun(t *testing.T) {
 	}
 	requireVerified(t, dir)
 }
+
+// A journal that cannot be opened is named once in the error, with what
+// to do ("open P: open P: permission denied" before).
+func TestJournalOpenErrorNamesItOnce(t *testing.T) {
+	dir := t.TempDir()
+	ffs := faultfs.New()
+	r, err := Open(dir, faultOptions(ffs, nil))
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	ffs.Inject(faultfs.Rule{Op: faultfs.OpOpen, Path: "ledger.wal", Err: syscall.EACCES})
+	_, err = Open(dir, faultOptions(ffs, nil))
+	require.ErrorIs(t, err, syscall.EACCES)
+	p := filepath.Join(dir, "logs", "ledger.wal")
+	assert.Equal(t, 1, strings.Count(err.Error(), p), err.Error())
+	assert.Contains(t, err.Error(), "make it readable")
+}
