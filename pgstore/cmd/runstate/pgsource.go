@@ -336,12 +336,24 @@ func (s *pgSource) wrap(err error) error {
 // statements, as it ends the read of a long run: "" for another error.
 // The address passes the parameter to the server, for the command's
 // connections alone.
+//
+// A statement ended by the timer may be reported as "canceling statement
+// due to user request" (the server's timer and the statement's end race,
+// seen with statement_timeout=1 on a busy machine), which is also what
+// pg_cancel_backend or a client's cancel gives: the advice then names both.
 func timeoutAdvice(err error) string {
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "57014" || !strings.Contains(pe.Message, "statement timeout") {
+	if !errors.As(err, &pe) || pe.Code != "57014" {
 		return ""
 	}
-	return "; the server's statement_timeout (set for this user, the database or the server) ended it: add statement_timeout=0 (or a longer time, in ms) to the address, which sets it for this command's connections alone"
+	const fix = "add statement_timeout=0 (or a longer time, in ms) to the address, which sets it for this command's connections alone"
+	switch {
+	case strings.Contains(pe.Message, "statement timeout"):
+		return "; the server's statement_timeout (set for this user, the database or the server) ended it: " + fix
+	case strings.Contains(pe.Message, "user request"):
+		return "; the server canceled it: a statement_timeout set for this user, the database or the server (which the server may report so), or someone's pg_cancel_backend: for the first, " + fix
+	}
+	return ""
 }
 
 // addrError is err about the run at addr: "runstate: ADDR: " and err's
