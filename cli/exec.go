@@ -643,13 +643,17 @@ func (c *cli) endStage(st *runstate.Stage, code int, err error) int {
 
 // checkOutputs checks paths, the outputs of stage, before its begin (as
 // Stage.Output would after it), unless the stage is done: a path that
-// leads out of the run directory is an error with nothing recorded, not a
-// failed attempt on every try.
+// leads out of the run directory, or names a directory, is an error with
+// nothing recorded, not a failed attempt on every try.
 func checkOutputs(r *runstate.Run, stage string, paths []string) error {
 	if s := stageOf(r, stage); s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
 		return nil // Begin skips it, or checks again after its begin
 	}
 	for _, p := range paths {
+		if fi, err := os.Stat(filepath.Join(r.Dir(), filepath.FromSlash(p))); err == nil && fi.IsDir() {
+			// The attempt would fail only after its work: an output is a file.
+			return fmt.Errorf("runstate: output %s is a directory, and an output is a file: name a file (in it, say), then run the stage again; nothing recorded", p)
+		}
 		if err := r.CheckOutput(p); err != nil {
 			if strings.HasPrefix(p, "exec/") {
 				return fmt.Errorf("%w; exec keeps each stage's stdout and stderr under exec/ in the run directory: make exec/ a directory there (remove the link), then run the stage again; nothing recorded", err)

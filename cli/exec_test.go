@@ -503,3 +503,19 @@ func TestExecStageNamedLikeAWindowsDevice(t *testing.T) {
 		assert.Equal(t, "hi\n", string(b))
 	}
 }
+
+// An -out that names a directory is refused before the command runs, with
+// nothing recorded: the attempt could only fail after its work (an output
+// is a file), and exec said so after running it.
+func TestExecOutThatIsADirectoryIsRefusedFirst(t *testing.T) {
+	dir, work := shellRun(t, "build")
+	count := filepath.Join(work, "count")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "out"), 0o755))
+	r := execCLI(t, dir, "build", []string{"-out", filepath.Join(dir, "out")}, counted(count, "", "")...)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "output out is a directory, and an output is a file")
+	assert.Equal(t, 0, lines(t, count), "the command did not run")
+	for _, line := range ledgerLines(t, dir) {
+		assert.NotContains(t, line, `"stage":"build"`, "nothing recorded of the stage")
+	}
+}
