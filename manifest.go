@@ -172,15 +172,13 @@ func appendEffect(b []byte, e *EffectStatus) ([]byte, error) {
 		o.str("by", e.By)
 	}
 	o.int("seq", e.Seq)
-	o.key("at") // not omitempty: the zero time too, as encoding/json writes it
-	at, err := e.At.AppendText(append(o.b, '"'))
-	if err != nil {
-		return nil, fmt.Errorf("runstate: manifest: effect %s: at: %w", e.Key, err)
-	}
-	o.b = append(at, '"')
+	o.timeAlways("at", e.At) // not omitempty, as encoding/json writes it
 	if e.Pending {
 		o.key("pending")
 		o.b = append(o.b, "true"...)
+	}
+	if o.err != nil {
+		return nil, o.err
 	}
 	return o.end("\n    "), nil
 }
@@ -250,9 +248,13 @@ func (o *jsonObject) int(k string, v int64) {
 // time writes t, unless it is zero (omitzero), as its MarshalJSON does:
 // RFC 3339 with the nanoseconds, and an error for a year outside 0-9999.
 func (o *jsonObject) time(k string, t time.Time) {
-	if t.IsZero() {
-		return
+	if !t.IsZero() {
+		o.timeAlways(k, t)
 	}
+}
+
+// timeAlways is time for a field without omitempty: the zero time too.
+func (o *jsonObject) timeAlways(k string, t time.Time) {
 	o.key(k)
 	b, err := t.AppendText(append(o.b, '"'))
 	if err != nil && o.err == nil {

@@ -98,23 +98,7 @@ func TestReadmeProgramIsTheExample(t *testing.T) {
 // build overlay, so nothing is written into the module) and runs it twice
 // in an empty directory: it must print what the README says it prints.
 func TestReadmeProgramRuns(t *testing.T) {
-	prog := readmeProgram(t)
-	root, err := os.Getwd()
-	require.NoError(t, err)
-	tmp := t.TempDir()
-	src := filepath.Join(tmp, "main.go")
-	require.NoError(t, os.WriteFile(src, prog, 0o644))
-	overlay, err := json.Marshal(map[string]map[string]string{
-		"Replace": {filepath.Join(root, "internal", "readmeprogram", "main.go"): src},
-	})
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(tmp, "overlay.json"), overlay, 0o644))
-	bin := filepath.Join(tmp, "readme")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
-	}
-	build := exec.Command("go", "build", "-overlay", filepath.Join(tmp, "overlay.json"), "-o", bin, "./internal/readmeprogram")
-	out, err := build.CombinedOutput()
+	bin, out, err := buildOverlay(t, "readmeprogram", readmeProgram(t))
 	require.NoError(t, err, "README.md's program does not build:\n%s", out)
 
 	work := t.TempDir()
@@ -275,16 +259,30 @@ func TestPackageDocSnippetCompiles(t *testing.T) {
 	prog := "package main\n\nimport (\n\t\"context\"\n\n\t\"github.com/runstate/runstate\"\n)\n\nfunc main() {}\n\n" +
 		"func example(ctx context.Context, plan []byte) error {\n" + body.String() + "\treturn err\n}\n"
 
+	_, out, err := buildOverlay(t, "docsnippet", []byte(prog))
+	require.NoError(t, err, "doc.go's example does not compile:\n%s\n%s", out, prog)
+}
+
+// buildOverlay builds prog as the main package internal/PKG of this
+// module, which does not exist on disk (a build overlay: nothing is
+// written into the module), and returns the program, go build's output
+// and its error.
+func buildOverlay(t *testing.T, pkg string, prog []byte) (bin string, out []byte, err error) {
+	t.Helper()
 	root, err := os.Getwd()
 	require.NoError(t, err)
 	tmp := t.TempDir()
-	file := filepath.Join(tmp, "main.go")
-	require.NoError(t, os.WriteFile(file, []byte(prog), 0o644))
+	src := filepath.Join(tmp, "main.go")
+	require.NoError(t, os.WriteFile(src, prog, 0o644))
 	overlay, err := json.Marshal(map[string]map[string]string{
-		"Replace": {filepath.Join(root, "internal", "docsnippet", "main.go"): file},
+		"Replace": {filepath.Join(root, "internal", pkg, "main.go"): src},
 	})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(tmp, "overlay.json"), overlay, 0o644))
-	out, err := exec.Command("go", "build", "-overlay", filepath.Join(tmp, "overlay.json"), "-o", filepath.Join(tmp, "docsnippet.exe"), "./internal/docsnippet").CombinedOutput()
-	require.NoError(t, err, "doc.go's example does not compile:\n%s\n%s", out, prog)
+	bin = filepath.Join(tmp, pkg)
+	if runtime.GOOS == "windows" {
+		bin += ".exe"
+	}
+	out, err = exec.Command("go", "build", "-overlay", filepath.Join(tmp, "overlay.json"), "-o", bin, "./internal/"+pkg).CombinedOutput()
+	return bin, out, err
 }

@@ -63,7 +63,13 @@ func runCLI(t *testing.T, args ...string) result {
 	cmd := exec.Command(bin, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	return resultOf(t, cmd.Run(), &out, &errb)
+}
+
+// resultOf is what a command that ended with err printed, and its exit
+// status; an error other than an exit status fails the test.
+func resultOf(t *testing.T, err error, out, errb *bytes.Buffer) result {
+	t.Helper()
 	code := 0
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -40,14 +39,26 @@ func runCLIWithin(t *testing.T, d time.Duration, args ...string) result {
 		tail = "..." + tail[len(tail)-300:]
 	}
 	require.NoError(t, ctx.Err(), "runstate %q did not exit within %v (killed); stderr: %q", args, d, tail)
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else {
-		require.NoError(t, err)
-	}
-	return result{out.String(), errb.String(), code}
+	return resultOf(t, err, &out, &errb)
+}
+
+// watchOpen returns a channel closed when someone opens the FIFO p to
+// read: a writer's open(2) returns then. The writer is let go at the
+// test's end (a reader opened without blocking, and closed).
+func watchOpen(t *testing.T, p string) <-chan struct{} {
+	opened := make(chan struct{})
+	go func() {
+		if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+			close(opened)
+			f.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		if fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			syscall.Close(fd)
+		}
+	})
+	return opened
 }
 
 // logs/next-steps.txt that is not a file runstate wrote — a FIFO, a link
@@ -79,19 +90,9 @@ func TestNextNeverBlocksOnAHandoffThatIsNotAFile(t *testing.T) {
 			st, err := runstate.Inspect(dir)
 			require.NoError(t, err)
 
-			opened := make(chan struct{})
-			if tc.name == "fifo" { // not even opened: a device may act on open
-				go func() {
-					if f, err := os.OpenFile(p, os.O_WRONLY, 0); err == nil {
-						close(opened)
-						f.Close()
-					}
-				}()
-				t.Cleanup(func() {
-					if fd, err := syscall.Open(p, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
-						syscall.Close(fd)
-					}
-				})
+			var opened <-chan struct{} // nil: never ready
+			if tc.name == "fifo" {     // not even opened: a device may act on open
+				opened = watchOpen(t, p)
 			}
 			r := runCLIWithin(t, 20*time.Second, "next", dir)
 			select {
@@ -188,18 +189,7 @@ func TestReadCommandsDoNotFollowASessionLockLink(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "device")
 	require.NoError(t, syscall.Mkfifo(fifo, 0o644))
 	require.NoError(t, os.Symlink(fifo, lock))
-	opened := make(chan struct{})
-	go func() { // a writer's open returns once someone opens the FIFO to read
-		if f, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
-			close(opened)
-			f.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		if fd, err := syscall.Open(fifo, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
-			syscall.Close(fd)
-		}
-	})
+	opened := watchOpen(t, fifo)
 
 	res := runCLIWithin(t, 20*time.Second, "status", dir)
 	assert.Contains(t, res.out, "cannot tell whether session "+short(r.Session())+" is alive")
