@@ -56,6 +56,9 @@ type cli struct {
 	release func()
 	// said: the errors printed (fail), each once.
 	said []string
+	// onRecord: the Options.OnRecord of the session a pipeline command
+	// opens (openRun).
+	onRecord func(runstate.Record)
 }
 
 // command is one subcommand. setup defines its flags on fs and returns the

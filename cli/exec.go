@@ -55,9 +55,11 @@ the library's Do:
     to DIR/exec/STAGE.stdout and DIR/exec/STAGE.stderr, which are outputs
     of the stage (a "/" in STAGE makes subdirectories; other characters
     than letters, digits, ".", "_" and "-" are %XX-escaped, and so is the
-    first of a part Windows takes for a device: aux is %61ux; a part that
-    would make a file name longer than 255 bytes keeps its start and ends
-    in "~" and a hash of STAGE).
+    first of a part Windows takes for a device: aux is %61ux, and the "."
+    that ends a directory's name or starts a ".stdout" or ".stderr" there:
+    a.stdout/b keeps exec/a%2Estdout/b.stdout, so that it is not stage a's
+    file; a part that would make a file name longer than 255 bytes keeps
+    its start and ends in "~" and a hash of STAGE).
   - Exit 0: every -out PATH must exist; the stage completes with the
     outputs and their hashes, durably. Non-zero: the stage fails
     (retryable, unless -person-exit or -fatal-exit names the status) and
@@ -296,7 +298,7 @@ type execOptions struct {
 // its working directory. The second result is the exit status when the
 // first is nil.
 func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.Duration) (*runstate.Run, int) {
-	opts := &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout}
+	opts := &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout, OnRecord: c.onRecord}
 	c.where = dir
 	addr := c.at
 	if addr == "" {
@@ -405,7 +407,10 @@ func beginStatus(err error) int {
 // of the name keeps letters, digits, ".", "_" and "-" and escapes other
 // bytes as %XX; a name with an empty, "." or ".." part is one flat file. A
 // part whose file name would be longer than maxFileName bytes keeps a
-// readable prefix and ends in "~" and a hash of the whole stage name.
+// readable prefix and ends in "~" and a hash of the whole stage name. A
+// directory's name never ends in ".stdout", ".stderr" (in any case) or
+// "." (dirName), so no stage's directory is another stage's file: stage
+// "a" keeps exec/a.stdout, stage "a.stdout/b" exec/a%2Estdout/b.stdout.
 func stdPath(stage, stream string) string {
 	flat := false
 	for part := range strings.SplitSeq(stage, "/") {
@@ -425,13 +430,32 @@ func stdPath(stage, stream string) string {
 		if i == len(parts)-1 {
 			room -= len("." + stream)
 		} else {
-			name += "/"
+			name = dirName(name) + "/"
 			room++
 		}
 		b.WriteString(shorten(name, room, stage))
 	}
 	b.WriteString("." + stream)
 	return b.String()
+}
+
+// dirName is name, an escaped part of a stage name that is a directory
+// under exec/, with the "." that would end it or start a ".stdout" or
+// ".stderr" at its end escaped as %2E: a stage's file is always
+// NAME.stdout or NAME.stderr, and a directory with such a name (or, in a
+// file system that ignores case, one that differs only in case) would be
+// that file, so that one of the two stages could never run. A trailing
+// "." is escaped because Windows drops it: "a." would be "a". The mapping
+// stays one-to-one: "%" is always escaped.
+func dirName(name string) string {
+	lower := strings.ToLower(name)
+	for _, ext := range []string{".stdout", ".stderr", "."} {
+		if strings.HasSuffix(lower, ext) {
+			i := len(name) - len(ext)
+			return name[:i] + "%2E" + name[i+1:]
+		}
+	}
+	return name
 }
 
 // maxFileName is the longest file name exec makes: most file systems

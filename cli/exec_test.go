@@ -519,3 +519,42 @@ func TestExecOutThatIsADirectoryIsRefusedFirst(t *testing.T) {
 		assert.NotContains(t, line, `"stage":"build"`, "nothing recorded of the stage")
 	}
 }
+
+// No stage's directory under exec/ is another stage's file: stage "a"
+// keeps exec/a.stdout, and stage "a.stdout/b" made a directory of that
+// name, so whichever ran second could never run (exit 125, advice about
+// links or naming a file, which a pipeline cannot act on). Each runs, in
+// either order, and keeps its own output. A directory name that differs
+// only in case (one file on macOS and Windows) or ends in "." (Windows
+// drops it) is escaped too.
+func TestExecStageNamesDoNotCollideUnderExec(t *testing.T) {
+	for stage, want := range map[string]string{
+		"a.stdout/b":   "exec/a%2Estdout/b.stdout",
+		"a.stderr/b":   "exec/a%2Estderr/b.stdout",
+		"x/A.StdErr/c": "exec/x/A%2EStdErr/c.stdout",
+		"a./b":         "exec/a%2E/b.stdout",
+		"a../b":        "exec/a.%2E/b.stdout",
+		"a.stdout":     "exec/a.stdout.stdout",
+		"a.std/b":      "exec/a.std/b.stdout",
+	} {
+		assert.Equal(t, want, stdPath(stage, "stdout"), stage)
+	}
+	for _, order := range [][]string{{"a", "a.stdout/b"}, {"a.stdout/b", "a"}, {"x/A", "x/a.STDERR/y"}} {
+		dir, _ := shellRun(t, order...)
+		for _, stage := range order {
+			r := execCLI(t, dir, stage, nil, "sh", "-c", `echo "out of $RUNSTATE_STAGE"; echo "err of $RUNSTATE_STAGE" >&2`)
+			require.Equal(t, exitOK, r.code, "%v: %s: %s", order, stage, r.err)
+		}
+		for _, stage := range order {
+			assert.Equal(t, runstate.StateComplete, stageStatus(t, dir, stage).State, "%v: %s", order, stage)
+			for stream, want := range map[string]string{"stdout": "out of ", "stderr": "err of "} {
+				b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(stdPath(stage, stream))))
+				require.NoError(t, err)
+				assert.Equal(t, want+stage+"\n", string(b), "%v: %s", order, stage)
+			}
+			r := execCLI(t, dir, stage, nil, "false")
+			assert.Equal(t, exitOK, r.code, "%v: %s is skipped: its outputs hold: %s", order, stage, r.err)
+			assert.Contains(t, r.err, stage+": skipped")
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runstate/runstate"
@@ -30,7 +31,16 @@ DIR may be a working directory of a run kept elsewhere (-at: see
 Plan is safe to run while other sessions work on the run: it opens a
 session of its own and appends under the ledger lock, as they do (waiting
 at most -timeout for it). The plan recorded last, by plan or by a
-session's own Run.Plan, is the run's plan.`,
+session's own Run.Plan, is the run's plan. Standard output says what this
+plan did: "planned N stage(s): ..." when it recorded the plan, "plan
+unchanged: ...: planned already, nothing recorded" when the run had that
+plan already (also when another plan, started at the same time, recorded
+it first: of two identical plans at once, one says "planned").
+
+Exit status: 0 the run has the plan (recorded now or already); 2 a usage
+error (nothing recorded); 1 the plan could not be recorded; 125 the run
+could not be opened or created (the ledger lock was not free within
+-timeout, say).`,
 	min: 2, max: -1,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		request := fs.String("request", "", "`TEXT`: the run's request; creates the run when DIR holds none")
@@ -44,15 +54,19 @@ session's own Run.Plan, is the run's plan.`,
 					return c.usageError("plan", fmt.Sprintf("stage %s is named twice; name each stage once", quoteArg(name)))
 				}
 			}
-			return c.pipeline("plan", args[0], *request, *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
-				old := statusOf(r).Plan
-				if err := r.Plan(ctx, args[1:]...); err != nil {
-					return "", err
+			var old []string
+			return c.pipeline("plan", args[0], *request, *timeout, func(ctx context.Context, r *runstate.Run) error {
+				old = statusOf(r).Plan
+				return r.Plan(ctx, args[1:]...)
+			}, func(_ *runstate.Status, wrote func(ev string) (bool, bool)) string {
+				list := strings.Join(args[1:], ", ")
+				if yes, known := wrote("plan"); yes || !known && !slices.Equal(old, args[1:]) {
+					return fmt.Sprintf("planned %d stage(s): %s", len(args)-1, list)
 				}
-				if slices.Equal(old, args[1:]) {
-					return "plan unchanged: " + strings.Join(args[1:], ", "), nil
-				}
-				return fmt.Sprintf("planned %d stage(s): %s", len(args)-1, strings.Join(args[1:], ", ")), nil
+				// Planned already: before this session opened the run,
+				// or by another process since (two pipelines started at
+				// once).
+				return "plan unchanged: " + list + ": planned already, nothing recorded"
 			})
 		}
 	},
@@ -66,14 +80,21 @@ var skipCmd = &command{
 	short:    "record that a stage is not needed (it counts as done)",
 	long: `Skip records that STAGE of the run in DIR is not needed, with the reason:
 it counts as done, and exec skips it. A stage that is done already is left
-as it is (nothing recorded). The record is durable when skip returns.
+as it is: nothing recorded, and standard output says "stage STAGE is
+complete already" (or "skipped already": also when another skip of it,
+started at the same time, recorded it first). The record is durable when
+skip returns.
 
 Skip is safe to run while other sessions work on the run: it opens a
 session of its own and appends under the ledger lock, as they do (waiting
 at most -timeout for it). A stage that a live session is running is not
 skipped (exit 1, nothing recorded): let that attempt end first. DIR may
 be a working directory of a run kept elsewhere (-at: see 'runstate help
-exec').`,
+exec').
+
+Exit status: 0 the stage is skipped or done; 2 a usage error (nothing
+recorded); 1 it could not be skipped (a live session runs it); 125 the
+run could not be opened.`,
 	min: 2, max: 2,
 	setup: func(fs *flag.FlagSet) func(*cli, []string) int {
 		reason := fs.String("reason", "", "`TEXT`: why the stage is not needed (required)")
@@ -85,12 +106,16 @@ exec').`,
 			if err := checkStageName(args[1]); err != nil {
 				return c.usageError("skip", err.Error())
 			}
-			return c.pipeline("skip", args[0], "", *timeout, func(ctx context.Context, r *runstate.Run) (string, error) {
-				s, _ := statusOf(r).Stage(args[1])
-				if s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
-					return fmt.Sprintf("stage %s is %s already: nothing recorded", args[1], s.State), nil
+			return c.pipeline("skip", args[0], "", *timeout, func(ctx context.Context, r *runstate.Run) error {
+				return r.Skip(ctx, args[1], *reason)
+			}, func(st *runstate.Status, wrote func(ev string) (bool, bool)) string {
+				s, _ := st.Stage(args[1])
+				if yes, known := wrote("skip"); yes || !known && s.State == runstate.StateSkipped && s.Reason == *reason {
+					return "skipped stage " + args[1]
 				}
-				return "skipped stage " + args[1], r.Skip(ctx, args[1], *reason)
+				// Done already: before this session opened the run, or
+				// by another process since.
+				return fmt.Sprintf("stage %s is %s already: nothing recorded", args[1], s.State)
 			})
 		}
 	},
@@ -173,15 +198,21 @@ func (c *cli) await(dir, stage, reason string, inputs []runstate.Input, outs []s
 }
 
 // pipeline opens the run in dir (creating it with request), calls fn,
-// closes the session and prints what fn did; each step waits at most
-// timeout for the ledger lock (zero: for ever).
-func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func(ctx context.Context, r *runstate.Run) (string, error)) int {
+// closes the session and prints what say makes of it; each step waits at
+// most timeout for the ledger lock (zero: for ever). say gets the run's
+// status after fn and wrote, which tells whether this session wrote a
+// record of an event (and whether that is known): what fn asked for may
+// have been recorded by another process first, after this session read
+// the run at its open, so that fn recorded nothing.
+func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func(ctx context.Context, r *runstate.Run) error, say func(st *runstate.Status, wrote func(ev string) (yes, known bool)) string) int {
+	rec := newRecorder()
+	c.onRecord = rec.note
 	r, code := c.openRun(name, dir, request, 0, timeout)
 	if r == nil {
 		return code
 	}
 	ctx, cancel := lockCtx(timeout)
-	what, err := fn(ctx, r)
+	err := fn(ctx, r)
 	cancel()
 	if err != nil {
 		code := exitFail
@@ -190,12 +221,56 @@ func (c *cli) pipeline(name, dir, request string, timeout time.Duration, fn func
 		}
 		return c.closeRun(r, c.failWith(code, err))
 	}
-	seq := statusOf(r).Seq
+	st := statusOf(r)
 	if code := c.closeRun(r, exitOK); code != exitOK {
 		return code
 	}
-	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s (ledger seq %d in %s)", what, seq, c.where)))
+	what := say(st, func(ev string) (bool, bool) { return rec.wrote(ev, 10*time.Second) })
+	fmt.Fprintln(c.out, escape.Page(fmt.Sprintf("%s (ledger seq %d in %s)", what, st.Seq, c.where)))
 	return exitOK
+}
+
+// recorder keeps the events of the records a session wrote, as
+// Options.OnRecord reports them.
+type recorder struct {
+	mu     sync.Mutex
+	evs    map[string]bool
+	closed chan struct{} // closed when the session's close record is reported
+}
+
+func newRecorder() *recorder {
+	return &recorder{evs: map[string]bool{}, closed: make(chan struct{})}
+}
+
+func (w *recorder) note(rec runstate.Record) {
+	if rec.Seq == 0 { // a notice, not a record
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.evs[rec.Ev] = true
+	if rec.Ev == "close" {
+		close(w.closed)
+	}
+}
+
+// wrote reports whether the session wrote a record of event ev. It is
+// known once the session's close record is reported: OnRecord reports
+// records in ledger order, so then none of the session's is still to
+// come. The report may come after Close returned (from the goroutine
+// that waited for another process's lock), so wrote waits for it, at
+// most max: known is false when it did not come.
+func (w *recorder) wrote(ev string, max time.Duration) (yes, known bool) {
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-w.closed:
+		known = true
+	case <-t.C:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.evs[ev], known
 }
 
 // statusOf is r's status, or an empty one.
