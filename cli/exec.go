@@ -134,7 +134,7 @@ found (both: the stage failed); 128+N the command was killed by signal N.`,
 			if err := checkStageName(o.stage); err != nil {
 				return c.usageError("exec", err.Error())
 			}
-			if o.inputs, o.outs, err = ev.resolve(o.dir); err != nil {
+			if o.inputs, o.outs, err = ev.resolve(o.dir, o.stage); err != nil {
 				return c.usageError("exec", err.Error())
 			}
 			for _, p := range o.outs {
@@ -182,10 +182,10 @@ func (e *evidenceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&e.validFor, "valid-for", 0, "`DURATION` after which the evidence expires and the stage is redone")
 }
 
-// resolve checks the flags against the file system and returns the
-// inputs, and the -out paths relative to dir. Its errors are usage errors:
-// nothing has been recorded.
-func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) {
+// resolve checks the flags of stage against the file system and returns
+// the inputs, and the -out paths relative to dir. Its errors are usage
+// errors: nothing has been recorded.
+func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, error) {
 	var inputs []runstate.Input
 	for _, f := range e.in {
 		fi, err := os.Stat(f)
@@ -207,6 +207,10 @@ func (e *evidenceFlags) resolve(dir string) ([]runstate.Input, []string, error) 
 	for _, s := range e.after {
 		if err := checkStageName(s); err != nil {
 			return nil, nil, fmt.Errorf("-after: %v", err)
+		}
+		if s == stage {
+			// Begin refuses it too, but after a session opened the run.
+			return nil, nil, fmt.Errorf("-after %s names the stage itself: drop it, or name the stage that %s needs", quoteArg(s), quoteArg(stage))
 		}
 		inputs = append(inputs, runstate.After(s))
 	}

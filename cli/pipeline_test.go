@@ -118,3 +118,23 @@ func TestConcurrentSkipSaysWhoSkipped(t *testing.T) {
 		assert.Equal(t, procs-1, already, "round %d", round)
 	}
 }
+
+// An -after that names the stage itself is a usage error of exec and
+// await, refused before a session opens: nothing is recorded, as the
+// usage errors are. It was refused by Begin, in the library's words
+// (After("a")), after the open record.
+func TestAfterItselfIsAUsageError(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	count := filepath.Join(work, "count")
+	before := ledgerLines(t, dir)
+	for _, args := range [][]string{
+		{"exec", dir, "a", "-after", "a", "--", "sh", "-c", `echo x >> "$0"`, count},
+		{"await", dir, "a", "-reason", "look", "-after", "a"},
+	} {
+		r := runCLI(t, args...)
+		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.err)
+		assert.Contains(t, r.err, "runstate "+args[0]+": -after a names the stage itself: drop it, or name the stage that a needs\nusage: runstate "+args[0])
+	}
+	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded, not even a session")
+	assert.Equal(t, 0, lines(t, count), "the command did not run")
+}

@@ -156,7 +156,7 @@ record it.`,
 			if err := checkStageName(args[1]); err != nil {
 				return c.usageError("await", err.Error())
 			}
-			inputs, outs, err := ev.resolve(args[0])
+			inputs, outs, err := ev.resolve(args[0], args[1])
 			if err != nil {
 				return c.usageError("await", err.Error())
 			}
