@@ -138,3 +138,21 @@ func TestAfterItselfIsAUsageError(t *testing.T) {
 	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded, not even a session")
 	assert.Equal(t, 0, lines(t, count), "the command did not run")
 }
+
+// plan refuses a stage whose name starts with "-" (given after "--"),
+// with nothing recorded: exec and await parse STAGE with their flags, so
+// such a stage could never run, and the planned pipeline never end.
+func TestPlanRefusesAStageExecCannotName(t *testing.T) {
+	dir, _ := shellRun(t, "a")
+	before := ledgerLines(t, dir)
+	r := runCLI(t, "plan", dir, "a", "--", "-x")
+	assert.Equal(t, exitUsage, r.code, r.err)
+	assert.Contains(t, r.err, `runstate plan: stage -x starts with "-": exec and await would read it as a flag, so no pipeline could run it; choose another name`)
+	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded")
+	r = runCLI(t, "exec", dir, "-x", "--", "true")
+	assert.Equal(t, exitUsage, r.code, "exec cannot name it: %s", r.err)
+	r = runCLI(t, "plan", dir, "a", "-")
+	assert.Equal(t, exitOK, r.code, `"-" alone is a name exec takes: %s`, r.err)
+	r = runCLI(t, "exec", dir, "-", "--", "true")
+	assert.Equal(t, exitOK, r.code, r.err)
+}

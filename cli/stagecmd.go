@@ -50,6 +50,12 @@ could not be opened or created (the ledger lock was not free within
 				if err := checkStageName(name); err != nil {
 					return c.usageError("plan", err.Error())
 				}
+				if strings.HasPrefix(name, "-") && name != "-" {
+					// Given after "--"; exec's and await's STAGE is
+					// parsed with their flags, and no "--" there can
+					// make it a name: the pipeline could never run it.
+					return c.usageError("plan", fmt.Sprintf("stage %s starts with \"-\": exec and await would read it as a flag, so no pipeline could run it; choose another name", quoteArg(name)))
+				}
 				if slices.Contains(args[1:i+1], name) {
 					return c.usageError("plan", fmt.Sprintf("stage %s is named twice; name each stage once", quoteArg(name)))
 				}
