@@ -680,6 +680,11 @@ func checkOutputs(r *runstate.Run, stage string, paths []string) error {
 	for _, p := range paths {
 		if fi, err := os.Stat(filepath.Join(r.Dir(), filepath.FromSlash(p))); err == nil && fi.IsDir() {
 			// The attempt would fail only after its work: an output is a file.
+			if p == stdPath(stage, "stdout") || p == stdPath(stage, "stderr") {
+				// Not a path the user named: an older exec kept the
+				// output of a stage named "a.stdout/b" in exec/a.stdout/.
+				return fmt.Errorf("runstate: %s, where exec keeps the output of stage %s, is a directory (another stage's output, kept there by an older runstate exec): move it away, then run the stage again; nothing recorded", p, quoteArg(stage))
+			}
 			return fmt.Errorf("runstate: output %s is a directory, and an output is a file: name a file (in it, say), then run the stage again; nothing recorded", p)
 		}
 		if err := r.CheckOutput(p); err != nil {

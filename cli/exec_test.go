@@ -558,3 +558,22 @@ func TestExecStageNamesDoNotCollideUnderExec(t *testing.T) {
 		}
 	}
 }
+
+// A directory where exec keeps a stage's output (left by an older exec,
+// which kept stage a.stdout/b's output in exec/a.stdout/) is refused before
+// the command runs, with nothing recorded, and the message says what it
+// is and what to do: it said to name a file, which the pipeline had not
+// named.
+func TestExecStdPathThatIsADirectory(t *testing.T) {
+	dir, work := shellRun(t, "a")
+	count := filepath.Join(work, "count")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "exec", "a.stdout"), 0o755))
+	before := len(ledgerLines(t, dir))
+	r := execCLI(t, dir, "a", nil, counted(count, "", "")...)
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "runstate: exec/a.stdout, where exec keeps the output of stage a, is a directory (another stage's output, kept there by an older runstate exec): move it away, then run the stage again; nothing recorded")
+	assert.Equal(t, 0, lines(t, count), "the command did not run")
+	for _, line := range ledgerLines(t, dir)[before:] {
+		assert.NotContains(t, line, `"stage":"a"`, "nothing recorded of the stage")
+	}
+}
