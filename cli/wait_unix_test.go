@@ -221,5 +221,5 @@ func TestExecAfterItselfIsRefusedNotWaitedFor(t *testing.T) {
 	assert.Less(t, time.Since(t0), 10*time.Second, "not waited for")
 	assert.Equal(t, exitUsage, r.code, r.err)
 	assert.NotContains(t, r.err, "waiting (at most")
-	assert.Contains(t, r.err, "b cannot be After itself")
+	assert.Contains(t, r.err, "runstate exec: -after b names the stage itself: drop it, or name the stage that b needs\nusage: runstate exec")
 }
