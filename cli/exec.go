@@ -187,6 +187,22 @@ func (e *evidenceFlags) register(fs *flag.FlagSet) {
 // errors: nothing has been recorded.
 func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, error) {
 	var inputs []runstate.Input
+	// Begin refuses an input given twice, but after a session opened the
+	// run, and by its ledger name ("after:b"): check here, by the flags.
+	given := map[string]string{} // ledger name -> the flag that named it
+	once := func(name, flag string) error {
+		prev, dup := given[name]
+		switch {
+		case !dup:
+			given[name] = flag
+			return nil
+		case prev == flag:
+			return fmt.Errorf("%s is given twice; give each input once", flag)
+		case strings.HasPrefix(prev, "-in ") && strings.HasPrefix(flag, "-in "):
+			return fmt.Errorf("%s and %s are the same file (input %s); give it once", prev, flag, quoteArg(name))
+		}
+		return fmt.Errorf("%s and %s have the same name (input %s); give the -value another NAME", prev, flag, quoteArg(name))
+	}
 	for _, f := range e.in {
 		fi, err := os.Stat(f)
 		switch {
@@ -198,12 +214,21 @@ func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, 
 			// <(cmd) is a pipe: Begin refuses it, after a session opened.
 			return nil, nil, fmt.Errorf("-in %s is %s, not a regular file: an input is read whole when the stage begins and again when it ends; give what it holds as -value NAME=TEXT, or copy it to a file first", f, fileKind(fi.Mode()))
 		}
+		if err := once(inputName(f), "-in "+quoteArg(f)); err != nil {
+			return nil, nil, err
+		}
 		inputs = append(inputs, runstate.File(f))
 	}
 	for _, v := range e.values {
 		name, val, ok := strings.Cut(v, "=")
 		if !ok || name == "" {
 			return nil, nil, fmt.Errorf("-value %q: write it as NAME=VALUE", v)
+		}
+		if strings.HasPrefix(name, "after:") {
+			return nil, nil, fmt.Errorf("-value %s: a NAME may not start with \"after:\" (the -after inputs are named so); choose another", quoteArg(name))
+		}
+		if err := once(name, "-value "+quoteArg(name)); err != nil {
+			return nil, nil, err
 		}
 		inputs = append(inputs, runstate.Value(name, val))
 	}
@@ -214,6 +239,9 @@ func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, 
 		if s == stage {
 			// Begin refuses it too, but after a session opened the run.
 			return nil, nil, fmt.Errorf("-after %s names the stage itself: drop it, or name the stage that %s needs", quoteArg(s), quoteArg(stage))
+		}
+		if err := once("after:"+s, "-after "+quoteArg(s)); err != nil {
+			return nil, nil, err
 		}
 		inputs = append(inputs, runstate.After(s))
 	}
@@ -235,6 +263,24 @@ func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, 
 		outs = append(outs, rel)
 	}
 	return inputs, outs, nil
+}
+
+// inputName is the name the library records the -in file p under: its
+// path relative to the working directory (Options.SourceDir's default),
+// or its absolute path when it is outside.
+func inputName(p string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return p
+	}
+	path := filepath.Clean(p)
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(wd, path)
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil && filepath.IsLocal(rel) {
+		return filepath.ToSlash(rel)
+	}
+	return filepath.ToSlash(path)
 }
 
 // fileKind names the kind of a file that is not a regular one.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -155,4 +156,38 @@ func TestPlanRefusesAStageExecCannotName(t *testing.T) {
 	assert.Equal(t, exitOK, r.code, `"-" alone is a name exec takes: %s`, r.err)
 	r = runCLI(t, "exec", dir, "-", "--", "true")
 	assert.Equal(t, exitOK, r.code, r.err)
+}
+
+// An input given twice (the same -value NAME or -after stage, one file
+// as two paths, a -value named like an -in file or like an -after input)
+// is a usage error of exec and await, refused before a session opens:
+// nothing recorded. Begin refused them, after the open record, in the
+// ledger's names (input "after:q" given twice).
+func TestInputGivenTwiceIsAUsageError(t *testing.T) {
+	dir, work := shellRun(t, "s")
+	t.Chdir(work)
+	require.NoError(t, os.WriteFile("f1", []byte("x\n"), 0o644))
+	before := ledgerLines(t, dir)
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"-value", "a=1", "-value", "a=2"}, "-value a is given twice; give each input once"},
+		{[]string{"-after", "q", "-after", "q"}, "-after q is given twice; give each input once"},
+		{[]string{"-in", "f1", "-in", "./f1"}, "-in f1 and -in ./f1 are the same file (input f1); give it once"},
+		{[]string{"-in", filepath.Join(work, "f1"), "-in", "f1"}, "-in " + filepath.Join(work, "f1") + " and -in f1 are the same file (input f1); give it once"},
+		{[]string{"-in", "f1", "-value", "f1=3"}, "-in f1 and -value f1 have the same name (input f1); give the -value another NAME"},
+		{[]string{"-value", "after:q=1"}, `-value after:q: a NAME may not start with "after:" (the -after inputs are named so); choose another`},
+	} {
+		for _, cmd := range [][]string{{"exec", dir, "s"}, {"await", dir, "s", "-reason", "look"}} {
+			args := append(append(cmd, c.flags...), "--", "true")
+			if cmd[0] == "await" {
+				args = args[:len(args)-2]
+			}
+			r := runCLI(t, args...)
+			assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.err)
+			assert.Contains(t, r.err, "runstate "+cmd[0]+": "+c.want+"\nusage:", "%v", args)
+		}
+	}
+	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded, not even a session")
 }
