@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/internal/escape"
@@ -170,6 +171,12 @@ func Run(args []string, stdout, stderr io.Writer, o *Options) int {
 	}
 	if err != nil {
 		return c.usageError(cmd.name, err.Error())
+	}
+	if f := fs.Lookup("timeout"); f != nil {
+		if d, ok := f.Value.(flag.Getter).Get().(time.Duration); ok && d < 0 {
+			// It would wait for ever, as 0 does, where a bound was meant.
+			return c.usageError(cmd.name, "-timeout must not be negative (0 waits for ever)")
+		}
 	}
 	switch {
 	case cmd.argv && !dashes:

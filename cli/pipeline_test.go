@@ -191,3 +191,23 @@ func TestInputGivenTwiceIsAUsageError(t *testing.T) {
 	}
 	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded, not even a session")
 }
+
+// A negative -timeout is a usage error, as a negative -wait is: it waited
+// for ever, as 0 does, where a bound was meant (-timeout -5s for 5s).
+func TestNegativeTimeoutIsAUsageError(t *testing.T) {
+	dir, _ := shellRun(t, "a")
+	before := ledgerLines(t, dir)
+	for _, args := range [][]string{
+		{"exec", dir, "a", "-timeout", "-5s", "--", "true"},
+		{"effect", dir, "k", "-timeout", "-5s", "--", "true"},
+		{"plan", dir, "a", "b", "-timeout", "-1ns"},
+		{"skip", dir, "a", "-reason", "r", "-timeout", "-5s"},
+		{"await", dir, "a", "-reason", "r", "-timeout", "-5s"},
+		{"invalidate", dir, "a", "-reason", "r", "-timeout", "-5s"},
+	} {
+		r := runCLI(t, args...)
+		assert.Equal(t, exitUsage, r.code, "%v: %s", args, r.err)
+		assert.Contains(t, r.err, "runstate "+args[0]+": -timeout must not be negative (0 waits for ever)\nusage:", "%v", args)
+	}
+	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded")
+}
