@@ -633,19 +633,29 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		return c.failWith(beginStatus(err), inDir(err, r.Dir()))
 	}
 	c.notef("runstate exec: %s: running (attempt %d): %s", o.stage, st.Attempt(), oneLine(st.Reason(), 200))
+	// end records err as the attempt's failure and says so, and what it
+	// made of the stage when that was its last retry (exec would exit 122
+	// next time, which "run exec again" in err does not say).
+	end := func(code int, err error) int {
+		code = c.endStage(st, code, err)
+		if then := failedThen(r, o.stage); then != "" {
+			c.notef("runstate exec: %s: failed (attempt %d)%s", o.stage, st.Attempt(), then)
+		}
+		return code
+	}
 
 	abs, err := filepath.Abs(r.Dir())
 	if err != nil {
-		return c.endStage(st, exitRunstate, err)
+		return end(exitRunstate, err)
 	}
 	for _, p := range append([]string{stdout, stderr}, o.outs...) {
 		if err := st.Output(p); err != nil {
-			return c.endStage(st, exitRunstate, err)
+			return end(exitRunstate, err)
 		}
 	}
 	files, err := createStd(abs, stdout, stderr)
 	if err != nil {
-		return c.endStage(st, exitRunstate, err)
+		return end(exitRunstate, err)
 	}
 	env := append(os.Environ(),
 		"RUNSTATE_DIR="+abs, "RUNSTATE_STAGE="+o.stage,
@@ -664,12 +674,12 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		if errors.Is(res.err, exec.ErrNotFound) || errors.Is(res.err, fs.ErrNotExist) {
 			code, advice = exitNotFound, "install it or fix PATH"
 		}
-		return c.endStage(st, code, fmt.Errorf("command %s could not be started: %w; %s, then run exec again", quoteArg(o.argv[0]), res.err, advice))
+		return end(code, fmt.Errorf("command %s could not be started: %w; %s, then run exec again", quoteArg(o.argv[0]), res.err, advice))
 	case res.forwarded != nil && res.code != 0:
 		c.notef("runstate exec: %s: interrupted by signal %v: attempt %d is left unended; the next session records it as interrupted and runs it again", o.stage, res.forwarded, st.Attempt())
 		return res.code
 	case res.err != nil:
-		return c.endStage(st, exitRunstate, fmt.Errorf("keeping the output of %s: %w", quoteArg(o.argv[0]), res.err))
+		return end(exitRunstate, fmt.Errorf("keeping the output of %s: %w", quoteArg(o.argv[0]), res.err))
 	case res.code != 0:
 		err := fmt.Errorf("command %s %s (its output: %s, %s)", quoteArg(o.argv[0]), res.how(), stdout, stderr)
 		switch {
@@ -681,28 +691,33 @@ func (c *cli) execStage(r *runstate.Run, o *execOptions) int {
 		if ferr := st.Fail(err); ferr != nil {
 			return c.failWith(exitRunstate, ferr)
 		}
-		then := ""
-		switch stageOf(r, o.stage).State {
-		case runstate.StateAwaiting:
-			then = fmt.Sprintf("; it awaits a person now: runstate approve %s %s -by NAME", quoteArg(r.Dir()), quoteArg(o.stage))
-		case runstate.StateFatal:
-			then = fmt.Sprintf("; that is final: fix the cause, then runstate invalidate %s %s -reason TEXT", quoteArg(r.Dir()), quoteArg(o.stage))
-		}
-		c.notef("runstate exec: %s: failed (attempt %d): %v%s", o.stage, st.Attempt(), err, then)
+		c.notef("runstate exec: %s: failed (attempt %d): %v%s", o.stage, st.Attempt(), err, failedThen(r, o.stage))
 		return res.code
 	}
 	for _, p := range o.outs {
 		if _, err := os.Stat(filepath.Join(abs, filepath.FromSlash(p))); err != nil {
-			return c.endStage(st, exitRunstate, fmt.Errorf("command %s exited 0 but did not write the output %s; write it, or drop -out", quoteArg(o.argv[0]), filepath.Join(r.Dir(), filepath.FromSlash(p))))
+			return end(exitRunstate, fmt.Errorf("command %s exited 0 but did not write the output %s; write it, or drop -out", quoteArg(o.argv[0]), filepath.Join(r.Dir(), filepath.FromSlash(p))))
 		}
 	}
 	if err := st.Complete(); err != nil {
 		if errors.Is(err, runstate.ErrStale) {
 			return c.failWith(exitStale, fmt.Errorf("%w; run exec again", err))
 		}
-		return c.endStage(st, exitRunstate, &notCompleteError{cmd: quoteArg(o.argv[0]), err: err})
+		return end(exitRunstate, &notCompleteError{cmd: quoteArg(o.argv[0]), err: err})
 	}
 	return exitOK
+}
+
+// failedThen says what a failure of stage just recorded made of it, for
+// the message: "" when exec may run it again, else what a person does.
+func failedThen(r *runstate.Run, stage string) string {
+	switch stageOf(r, stage).State {
+	case runstate.StateAwaiting:
+		return fmt.Sprintf("; it awaits a person now: runstate approve %s %s -by NAME", quoteArg(r.Dir()), quoteArg(stage))
+	case runstate.StateFatal:
+		return fmt.Sprintf("; that is final: fix the cause, then runstate invalidate %s %s -reason TEXT", quoteArg(r.Dir()), quoteArg(stage))
+	}
+	return ""
 }
 
 // notCompleteError is Complete's error err for a stage whose command cmd

@@ -577,3 +577,28 @@ func TestExecStdPathThatIsADirectory(t *testing.T) {
 		assert.NotContains(t, line, `"stage":"a"`, "nothing recorded of the stage")
 	}
 }
+
+// A failure that is not the command's exit status (not found, not
+// started, an -out not written) and that used the stage's last retry
+// says the stage awaits a person now, and how to clear it, as a non-zero
+// exit does: exec said "install it or fix PATH, then run exec again",
+// and the next exec exited 122.
+func TestExecLastRetryThatCouldNotRunSaysItAwaitsAPerson(t *testing.T) {
+	dir, _ := shellRun(t, "a", "b")
+	for attempt := 1; attempt <= 3; attempt++ {
+		r := execCLI(t, dir, "a", nil, "no-such-command-runstate")
+		assert.Equal(t, exitNotFound, r.code, r.err)
+		awaits := "runstate exec: a: failed (attempt 3); it awaits a person now: runstate approve " + dir + " a -by NAME"
+		if attempt < 3 {
+			assert.NotContains(t, r.err, "awaits a person", "attempt %d", attempt)
+		} else {
+			assert.Contains(t, r.err, awaits)
+		}
+	}
+	r := execCLI(t, dir, "a", nil, "true")
+	assert.Equal(t, exitPerson, r.code, "what the message said: %s", r.err)
+
+	r = execCLI(t, dir, "b", []string{"-max-attempts", "1", "-out", filepath.Join(dir, "b.txt")}, "true")
+	assert.Equal(t, exitRunstate, r.code, r.err)
+	assert.Contains(t, r.err, "runstate exec: b: failed (attempt 1); it awaits a person now: runstate approve "+dir+" b -by NAME")
+}
