@@ -265,8 +265,16 @@ func (w *recorder) note(rec runstate.Record) {
 // records in ledger order, so then none of the session's is still to
 // come. The report may come after Close returned (from the goroutine
 // that waited for another process's lock), so wrote waits for it, at
-// most max: known is false when it did not come.
+// most max: known is false when it did not come, or when the session's
+// open record was not reported either (a Runner that does not pass
+// Options.OnRecord on).
 func (w *recorder) wrote(ev string, max time.Duration) (yes, known bool) {
+	w.mu.Lock()
+	opened := w.evs["open"]
+	w.mu.Unlock()
+	if !opened {
+		return false, false
+	}
 	t := time.NewTimer(max)
 	defer t.Stop()
 	select {
