@@ -320,11 +320,49 @@ func insideDir(dir, p string) (string, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return "", fmt.Errorf("-out %s: %v", p, err)
 	}
-	rel, err := filepath.Rel(ad, ap)
-	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+	rel, ok := relInside(ad, ap)
+	if !ok {
+		// The same directory by another name: DIR or PATH through a
+		// symbolic link (macOS's /tmp is /private/tmp; pwd -P).
+		rd, err1 := filepath.EvalSymlinks(ad)
+		rp, err2 := evalExisting(ap)
+		if err1 == nil && err2 == nil {
+			rel, ok = relInside(rd, rp)
+		}
+	}
+	if !ok {
 		return "", fmt.Errorf("-out %s is not inside the run directory %s; write the output there, e.g. -out %s", p, dir, filepath.Join(dir, filepath.Base(p)))
 	}
 	return filepath.ToSlash(rel), nil
+}
+
+// relInside returns p relative to dir, both absolute and clean, when p
+// is inside dir.
+func relInside(dir, p string) (string, bool) {
+	rel, err := filepath.Rel(dir, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return "", false
+	}
+	return rel, true
+}
+
+// evalExisting is the absolute path p with the symbolic links of the part
+// of it that exists resolved (an -out file need not exist yet, nor its
+// directory).
+func evalExisting(p string) (string, error) {
+	rest := ""
+	for {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		parent := filepath.Dir(p)
+		if !errors.Is(err, fs.ErrNotExist) || parent == p {
+			return "", err
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+		p = parent
+	}
 }
 
 // exitCodes parses "3,4" into exit statuses.

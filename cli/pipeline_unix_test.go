@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -33,4 +34,32 @@ func TestInThatIsNotAFileIsAUsageError(t *testing.T) {
 		}
 	}
 	assert.Equal(t, before, ledgerLines(t, dir), "nothing recorded, not even a session")
+}
+
+// An -out inside the run directory given by another name of it (DIR is a
+// symbolic link, or the path goes through one: macOS's /tmp is
+// /private/tmp, pwd -P) is inside: the stage runs and records it. exec
+// refused it as "not inside the run directory" (exit 2).
+func TestExecOutThroughAnotherNameOfTheRun(t *testing.T) {
+	dir, work := shellRun(t, "a", "b")
+	link := filepath.Join(work, "link")
+	require.NoError(t, os.Symlink(dir, link))
+	write := []string{"sh", "-c", `mkdir -p "$RUNSTATE_DIR/out" && echo hi > "$RUNSTATE_DIR/out/$RUNSTATE_STAGE.txt"`}
+	for stage, c := range map[string]struct{ dir, out string }{
+		"a": {link, filepath.Join(dir, "out", "a.txt")},
+		"b": {dir, filepath.Join(link, "out", "b.txt")},
+	} {
+		r := execCLI(t, c.dir, stage, []string{"-out", c.out}, write...)
+		require.Equal(t, exitOK, r.code, "%s: %s", stage, r.err)
+		s := stageStatus(t, dir, stage)
+		assert.Equal(t, runstate.StateComplete, s.State)
+		var paths []string
+		for _, o := range s.Outputs {
+			paths = append(paths, o.Path)
+		}
+		assert.Contains(t, paths, "out/"+stage+".txt", "%s", stage)
+	}
+	r := execCLI(t, link, "c", []string{"-out", filepath.Join(work, "x")}, "true")
+	assert.Equal(t, exitUsage, r.code, "outside is still outside: %s", r.err)
+	assert.Contains(t, r.err, "-out "+filepath.Join(work, "x")+" is not inside the run directory "+link)
 }
