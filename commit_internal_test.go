@@ -142,7 +142,7 @@ func TestHandoffLagsByBeginsOnly(t *testing.T) {
 func readHandoff(t *testing.T, dir string) (int64, string) {
 	t.Helper()
 	p := filepath.Join(dir, filepath.FromSlash(nextStepsFile))
-	seq, err := nextStepsSeq(p)
+	seq, err := nextStepsSeq(dir)
 	require.NoError(t, err)
 	text, err := os.ReadFile(p)
 	require.NoError(t, err)

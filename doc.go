@@ -150,7 +150,14 @@
 //
 // runstate opens its own files (logs/, its files and directories, and
 // manifest.json) only where they are: Open and Repair refuse a run in which
-// one of them is a symbolic link, naming it (ErrInvalid). An output may not
+// one of them is a symbolic link, a FIFO or a device, a file where runstate
+// keeps a directory (logs/tmp, say) or a directory where it keeps a file
+// other than a projection, naming it and saying what to do (ErrInvalid).
+// The readers (Inspect, NextSteps, ReadLedger, Verify) do not follow such
+// a link either, so that a run directory from elsewhere cannot make them
+// read a file outside it: a linked logs/, ledger or journal fails them
+// with Open's error, and a linked projection is not read (Verify reports
+// it). To keep logs/ on another disk, mount it there. An output may not
 // name them in any spelling a case-insensitive file system takes for
 // theirs (LOGS/ledger.jsonl, Manifest.JSON, manifest.json.), nor reach them
 // through a symbolic link, nor use a name Windows reserves for a device

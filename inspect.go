@@ -11,7 +11,9 @@ import (
 // manifest.json when that is a valid snapshot and reads the ledger records
 // after it. A torn last line (a writer dying, or one still mid-write) is
 // ignored and reported in Status.Torn. Inspect fails with a *CorruptError
-// for a damaged ledger and ErrVersion for an unknown format. Safe for
+// for a damaged ledger, ErrVersion for an unknown format, and ErrInvalid,
+// as Open does, when logs/, the ledger or the journal is a symbolic link,
+// which it does not follow (a linked manifest.json is not read). Safe for
 // concurrent use, from any number of goroutines and processes.
 func Inspect(dir string) (*Status, error) {
 	return inspect(context.Background(), newDirStore(dir, Options{}), dir)
@@ -91,9 +93,10 @@ func (r *Report) OK() bool { return len(r.Problems) == 0 }
 // number of goroutines and processes, while writers are active: records
 // appended after it read the ledger are no problem (neither in the journal
 // nor in a projection), and projections behind the ledger are said to be
-// normal while a session runs. The error is non-nil only when the ledger cannot be read at all or
-// is in an unknown format (ErrVersion); what is wrong is in
-// Report.Problems.
+// normal while a session runs. The error is non-nil only when the ledger cannot be read at all
+// (logs/ or the ledger a symbolic link, which Verify does not follow:
+// ErrInvalid) or is in an unknown format (ErrVersion); what is wrong is
+// in Report.Problems.
 func Verify(dir string) (*Report, error) {
 	return VerifyStore(context.Background(), newDirStore(dir, Options{}), dir)
 }

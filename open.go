@@ -146,8 +146,9 @@ func (r *Run) openOutputs() error {
 		if _, err := guardOwnFiles(r.dir, nil); err != nil {
 			return err
 		}
-		if err := os.MkdirAll(filepath.Join(r.dir, filepath.FromSlash(tmpDir)), 0o755); err != nil {
-			return fmt.Errorf("runstate: cannot create %s: %w", r.dir, err)
+		p := filepath.Join(r.dir, filepath.FromSlash(tmpDir))
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return mkdirError(p, err)
 		}
 	}
 	out, err := openOutputs(r.dir, r.session, perm)

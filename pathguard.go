@@ -1,6 +1,7 @@
 package runstate
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -49,22 +50,17 @@ func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
 		if err != nil {
 			return 0, fmt.Errorf("runstate: cannot use %s: %w", p, err)
 		}
-		t := fi.Mode().Type()
-		switch {
-		case t&fs.ModeSymlink != 0:
-			to, _ := os.Readlink(p)
-			return 0, fmt.Errorf("%w: %s is a symbolic link (to %q): runstate opens its own files only where they are, so that no write or repair lands outside the run or on another file; replace the link with what it points to (or move the run there), then run again",
-				ErrInvalid, p, to)
-		case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
-			return 0, fmt.Errorf("%w: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))
-		case rel == walFile && linkCount(fi) > 1:
+		if err := ownEntryError(p, rel, fi); err != nil {
+			return 0, err
+		}
+		if rel == walFile && linkCount(fi) > 1 {
 			// Overwritten in place: through a hard link, that would
 			// overwrite a file elsewhere (a copy made with cp -al, or any
 			// file outside the run).
 			return 0, fmt.Errorf("%w: %s has %d hard links: runstate overwrites it in place, which would change the other names' file too; give it a file of its own (cp %s %s.copy && mv %s.copy %s), then run again",
 				ErrInvalid, p, linkCount(fi), p, p, p, p)
 		}
-		if rel == ledgerFile && t.IsRegular() && runtime.GOOS != "windows" {
+		if rel == ledgerFile && fi.Mode().IsRegular() && runtime.GOOS != "windows" {
 			mode = 0o700 | fi.Mode().Perm()&0o077
 		}
 	}
@@ -72,6 +68,105 @@ func guardOwnFiles(dir string, log *slog.Logger) (fs.FileMode, error) {
 		tighten(dir, mode, log)
 	}
 	return mode, nil
+}
+
+// ownDirs are the entries of ownEntries that are directories.
+var ownDirs = map[string]string{
+	"logs":      "the ledger and its other files",
+	sessionsDir: "the open sessions' lock files",
+	tmpDir:      "the temp files of atomic writes",
+	handoffDir:  "the open sessions' copies of next-steps.txt",
+}
+
+// ownEntryError is why runstate may not use what fi (from Lstat) says is
+// at p, its own entry rel (one of ownEntries), as its own; nil when it
+// may. Writers (guardOwnFiles) and readers (openOwn) both refuse a
+// symbolic link, so that no write, repair or read goes outside the run
+// or to another file; a FIFO, a device or a socket, which blocks or acts
+// on open; a file where runstate keeps a directory, and a directory
+// where it keeps a file other than a projection. Each error names p, says what is there and what
+// to do, and wraps ErrInvalid.
+func ownEntryError(p, rel string, fi fs.FileInfo) error {
+	t := fi.Mode().Type()
+	_, isDir := ownDirs[rel]
+	switch {
+	case t&fs.ModeSymlink != 0:
+		to, _ := os.Readlink(p)
+		return &ownFileError{fmt.Sprintf("%v: %s is a symbolic link (to %q): runstate reads and writes its own files only where they are, so that no read, write or repair goes outside the run or to another file; replace the link with what it points to (or move the run there), then run again",
+			ErrInvalid, p, to)}
+	case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
+		return &ownFileError{fmt.Sprintf("%v: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))}
+	case isDir && !fi.IsDir():
+		return &ownFileError{fmt.Sprintf("%v: %s is a file, not a directory: runstate keeps %s in it; move the file away (runstate creates the directory), then run again",
+			ErrInvalid, p, ownDirs[rel])}
+	case !isDir && fi.IsDir() && rel != manifestFile && rel != nextStepsFile:
+		// A projection that is a directory is not written, and Open
+		// says so in the log: the run works without it.
+		return &ownFileError{fmt.Sprintf("%v: %s is a directory, not runstate's file: move it away, then run again", ErrInvalid, p)}
+	}
+	return nil
+}
+
+// ownFileError is ownEntryError's error: one of runstate's own names holds
+// what runstate does not use as its own. It wraps ErrInvalid.
+type ownFileError struct{ msg string }
+
+func (e *ownFileError) Error() string { return e.msg }
+func (e *ownFileError) Unwrap() error { return ErrInvalid }
+
+// notOwnFile reports whether err says that one of runstate's own names
+// holds something Open refuses (ownFileError), or that is not a regular
+// file (notRegular): a link, a FIFO, a directory.
+func notOwnFile(err error) bool {
+	return errors.As(err, new(*ownFileError)) || errors.As(err, new(*notRegular))
+}
+
+// openOwn opens runstate's own file rel (one of ownEntries) of the run in
+// dir as openRegularIn opens a file, but only where it is: a symbolic link
+// at its name or at logs/ is refused without being followed, as Open
+// refuses it (ownEntryError), and so is a logs/ that is not a directory.
+// The readers (Inspect, NextSteps, ReadLedger, Verify) open runstate's
+// files through it, so that a run directory whose logs/ledger.jsonl links
+// to /etc/shadow, or whose logs/ links to a file system that never
+// answers, is not a way to make them read outside the run or hang; the
+// writers refused such a run at Open (guardOwnFiles) and go through it
+// too. Errors name the file.
+func openOwn(fsys fileSystem, dir, rel string, flag int) (file, fs.FileInfo, error) {
+	if err := ownNotLinked(dir, rel); err != nil {
+		return nil, nil, err
+	}
+	return openRegularIn(fsys, filepath.Join(dir, filepath.FromSlash(rel)), flag|oNoFollow)
+}
+
+// readOwn is readFile of runstate's own file rel of the run in dir, read
+// only where it is (openOwn).
+func readOwn(fsys fileSystem, dir, rel string, limit int64) ([]byte, error) {
+	if err := ownNotLinked(dir, rel); err != nil {
+		return nil, err
+	}
+	return readFile(fsys, filepath.Join(dir, filepath.FromSlash(rel)), limit)
+}
+
+// ownNotLinked is the error for runstate's own file rel of the run in dir
+// when it, or logs/ on the way to it, is a symbolic link, or logs/ is not
+// a directory (ownEntryError); nil otherwise, a missing one included (an
+// open says so).
+func ownNotLinked(dir, rel string) error {
+	steps := []string{rel}
+	if strings.HasPrefix(rel, "logs/") {
+		steps = []string{"logs", rel}
+	}
+	for _, r := range steps {
+		p := filepath.Join(dir, filepath.FromSlash(r))
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return nil
+		}
+		if fi.Mode().Type()&fs.ModeSymlink != 0 || (r != rel && !fi.IsDir()) {
+			return ownEntryError(p, r, fi)
+		}
+	}
+	return nil
 }
 
 // tighten brings runstate's files in dir (the projections, the journal,

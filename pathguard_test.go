@@ -3,10 +3,12 @@ package runstate_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -287,6 +289,166 @@ func TestWorkDirOwnFilesAreNotFollowed(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, entries, "nothing was made outside the working directory")
 			assert.Empty(t, mem.Lines(), "nothing was recorded")
+		})
+	}
+}
+
+// TestOwnFilesOfTheWrongKindAreNamed: a file where runstate keeps a
+// directory (logs, logs/tmp, logs/sessions, logs/handoff), or a directory
+// where it keeps a file (the journal, the lock file, logs/run.json), is
+// refused by Open, Repair and OpenStore with an error that names it, says
+// what is there and what to do. Open said 'mkdir …: not a directory (is
+// the directory writable?)', and of a journal that is a directory that it
+// 'has 2 hard links'.
+func TestOwnFilesOfTheWrongKindAreNamed(t *testing.T) {
+	for _, c := range []struct {
+		rel, want string
+		dir       bool // make rel a directory, not a file
+	}{
+		{rel: "logs", want: "is a file, not a directory: runstate keeps the ledger and its other files in it; move the file away"},
+		{rel: "logs/tmp", want: "is a file, not a directory: runstate keeps the temp files of atomic writes in it; move the file away"},
+		{rel: "logs/sessions", want: "is a file, not a directory: runstate keeps the open sessions' lock files in it; move the file away"},
+		{rel: "logs/handoff", want: "is a file, not a directory: runstate keeps the open sessions' copies of next-steps.txt in it; move the file away"},
+		{rel: "logs/ledger.wal", dir: true, want: "is a directory, not runstate's file: move it away"},
+		{rel: "logs/ledger.lock", dir: true, want: "is a directory, not runstate's file: move it away"},
+		{rel: "logs/run.json", dir: true, want: "is a directory, not runstate's file: move it away"},
+	} {
+		t.Run(c.rel, func(t *testing.T) {
+			check := func(what string, err error, p string) {
+				t.Helper()
+				require.Error(t, err, what)
+				assert.ErrorIs(t, err, runstate.ErrInvalid, what)
+				assert.Contains(t, err.Error(), p+" "+c.want, what)
+				assert.NotContains(t, err.Error(), "writable", what)
+				assert.NotContains(t, err.Error(), "hard links", what)
+			}
+			put := func(dir string) string {
+				p := filepath.Join(dir, filepath.FromSlash(c.rel))
+				require.NoError(t, os.RemoveAll(p))
+				require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+				if c.dir {
+					require.NoError(t, os.Mkdir(p, 0o755))
+				} else {
+					require.NoError(t, os.WriteFile(p, []byte("x"), 0o644))
+				}
+				return p
+			}
+
+			// A new run.
+			dir := t.TempDir()
+			p := put(dir)
+			_, err := runstate.Open(dir, testOptions())
+			check("Open of a new run", err, p)
+
+			// A run that exists, with its journal (fsync on).
+			dir = t.TempDir()
+			r, err := runstate.Open(dir, &runstate.Options{Request: testRequest})
+			require.NoError(t, err)
+			require.NoError(t, r.Do(context.Background(), "a", writeStage("artifacts/a", "a")))
+			require.NoError(t, r.Close())
+			if c.rel == "logs" {
+				return // the ledger goes with logs/: covered above
+			}
+			before := readLedgerBytes(t, dir)
+			p = put(dir)
+			_, err = runstate.Open(dir, &runstate.Options{Request: testRequest})
+			check("Open of a run", err, p)
+			_, err = runstate.Repair(dir, nil)
+			check("Repair", err, p)
+			assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
+
+			// The working directory of a run kept in another store.
+			if c.rel == "logs/tmp" || c.rel == "logs/run.json" {
+				work := t.TempDir()
+				p := put(work)
+				_, err := runstatetest.NewMemStore().Open(work, testOptions())
+				check("OpenStore", err, p)
+			}
+		})
+	}
+}
+
+// TestReadersDoNotFollowOwnLinks: the readers (Inspect, NextSteps,
+// ReadLedger, Verify, the file store's Read, ReadWorkDirFile) do not
+// follow a symbolic link at one of runstate's own names, as Open and
+// Repair do not (TestOwnFilesAreNotFollowedOutOfTheRun): a run directory
+// is not a way to make them read a file elsewhere. Where the file is
+// needed (logs/, the ledger, the journal) they fail with the error Open
+// gives, naming the link; a linked projection is not read (Inspect
+// replays the ledger) and Verify reports it. They read the other run's
+// records through the link, and RunElsewhere followed a linked
+// logs/run.json to its address.
+func TestReadersDoNotFollowOwnLinks(t *testing.T) {
+	ctx := context.Background()
+	other := buildRun(t) // what the links lead to: a valid run elsewhere
+	require.NoError(t, os.WriteFile(filepath.Join(other, "logs", "run.json"), []byte(`{"address":"postgres://elsewhere/db?run=r"}`), 0o644))
+	for _, c := range []struct {
+		rel    string
+		needed bool // the readers fail without it (else Verify reports it)
+	}{
+		{"logs", true},
+		{"logs/ledger.jsonl", true},
+		{"logs/ledger.wal", true},
+		{"manifest.json", false},
+		{"logs/next-steps.txt", false},
+		{"logs/run.json", false},
+	} {
+		t.Run(c.rel, func(t *testing.T) {
+			dir := t.TempDir()
+			r, err := runstate.Open(dir, &runstate.Options{Request: "another request"}) // with its journal
+			require.NoError(t, err)
+			require.NoError(t, r.Close())
+			own := filepath.Join(dir, filepath.FromSlash(c.rel))
+			to := filepath.Join(other, filepath.FromSlash(c.rel))
+			if c.rel == "logs/ledger.wal" {
+				to = filepath.Join(t.TempDir(), "ledger.wal")
+				data, err := os.ReadFile(own)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(to, data, 0o644))
+			}
+			require.NoError(t, os.RemoveAll(own))
+			symlink(t, to, own)
+			link := own + " is a symbolic link (to " + strconv.Quote(to) + ")"
+
+			_, err = runstate.Open(dir, testOptions())
+			require.ErrorIs(t, err, runstate.ErrInvalid, "Open")
+			assert.Contains(t, err.Error(), link, "Open")
+
+			st, ierr := runstate.Inspect(dir)
+			_, nerr := runstate.NextSteps(dir)
+			lerr := runstate.ReadLedger(dir, func(*runstate.Record) error { return nil })
+			_, serr := runstate.NewFileStore(dir, nil).Read(ctx, runstate.Position{}, func([]byte) error { return nil })
+			rep, verr := runstate.Verify(dir)
+			if c.needed {
+				for name, err := range map[string]error{"Inspect": ierr, "NextSteps": nerr, "ReadLedger": lerr, "Read": serr} {
+					if assert.ErrorIs(t, err, runstate.ErrInvalid, name) {
+						assert.Contains(t, err.Error(), link, name)
+					}
+				}
+				if verr == nil {
+					require.NotEmpty(t, rep.Problems, "Verify")
+					verr = fmt.Errorf("%v", rep.Problems)
+				}
+				assert.Contains(t, verr.Error(), link, "Verify")
+				return
+			}
+			for name, err := range map[string]error{"Inspect": ierr, "NextSteps": nerr, "ReadLedger": lerr, "Read": serr, "Verify": verr} {
+				require.NoError(t, err, name)
+			}
+			assert.Equal(t, "another request", st.Request, "this run's records, not the other's")
+			if c.rel == "logs/run.json" {
+				_, err := runstate.ReadWorkDirFile(dir)
+				require.ErrorIs(t, err, runstate.ErrInvalid, "ReadWorkDirFile")
+				assert.Contains(t, err.Error(), link)
+				addr, ok := runstate.RunElsewhere(dir)
+				assert.False(t, ok, "RunElsewhere followed the link to %q", addr)
+				return
+			}
+			if assert.Len(t, rep.Problems, 1, "Verify") {
+				assert.Equal(t, own, rep.Problems[0].File)
+				assert.Contains(t, rep.Problems[0].What, link)
+				assert.Contains(t, rep.Problems[0].Fix, "move it away")
+			}
 		})
 	}
 }

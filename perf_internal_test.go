@@ -773,7 +773,7 @@ func TestHandoffFiles(t *testing.T) {
 	assert.Equal(t, 1, linked, "next-steps.txt is one of the two handoff files")
 	require.NoError(t, r.Close())
 	assert.Empty(t, names(), "Close removes the handoff files")
-	seq, err := nextStepsSeq(filepath.Join(dir, filepath.FromSlash(nextStepsFile)))
+	seq, err := nextStepsSeq(dir)
 	require.NoError(t, err)
 	s, err := Inspect(dir)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/gofrs/flock"
 )
@@ -178,7 +179,7 @@ func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, 
 	}
 	for _, d := range []string{sessionsDir, tmpDir, handoffDir} {
 		if err := s.fs.MkdirAll(s.path(d), 0o755); err != nil {
-			return nil, Position{}, fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", s.path(d), err)
+			return nil, Position{}, mkdirError(s.path(d), err)
 		}
 	}
 	if s.dirFD, err = os.Open(s.abs); err != nil {
@@ -275,7 +276,7 @@ func loadState(fsys fileSystem, dir string, f file) (st *state, snap *openedSnap
 	}
 	size := fi.Size()
 	var man *state // a manifest that is not a snapshot of this ledger
-	if data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest); err == nil {
+	if data, err := readOwn(fsys, dir, manifestFile, maxManifest); err == nil {
 		if s, pos, err := decodeManifest(data); err == nil {
 			if pos.End <= size && journalAgrees(fsys, dir, f, pos) {
 				if crc, ok := snapshotHolds(f, pos); ok {
@@ -477,6 +478,22 @@ func (s *dirStore) reload() (*state, error) {
 // openError is the error of opening p, one of the run's files: the path
 // once (err, an *fs.PathError of p, names it too) and, when this user may
 // not open it, what to do.
+// mkdirError is the error for a directory p that could not be created.
+// What is in its way (a file where it should be) was refused, naming
+// it, by guardOwnFiles.
+func mkdirError(p string, err error) error {
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) && pe.Path == p {
+		err = pe.Err
+	}
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("runstate: cannot create %s: %w: run this as the user that owns the run directory, or give this user write access to it", p, err)
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, fs.ErrExist):
+		return fmt.Errorf("runstate: cannot create %s: %w: a file is in its way; move it away, then run again", p, err)
+	}
+	return fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", p, err)
+}
+
 func openError(p string, err error) error {
 	if pe := (*fs.PathError)(nil); errors.As(err, &pe) && pe.Path == p {
 		err = pe.Err

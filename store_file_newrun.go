@@ -175,7 +175,7 @@ func durableProof(s *state) (seq int64, proof string) {
 // lostIn reads manifest.json in dir and returns the lost records it
 // proves for a ledger of the run id whose last record is c (see lostBy).
 func lostIn(fsys fileSystem, dir, id string, c chain) *lostRecords {
-	data, err := readFile(fsys, filepath.Join(dir, manifestFile), maxManifest)
+	data, err := readOwn(fsys, dir, manifestFile, maxManifest)
 	if err != nil {
 		return nil
 	}

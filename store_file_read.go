@@ -24,12 +24,15 @@ import (
 // says whether dir is missing or is not a run directory.
 func openLedger(fsys fileSystem, dir string) (file, string, error) {
 	lp := filepath.Join(dir, filepath.FromSlash(ledgerFile))
-	f, _, err := openRegularIn(fsys, lp, os.O_RDONLY)
+	f, _, err := openOwn(fsys, dir, ledgerFile, os.O_RDONLY)
 	if err == nil {
 		return f, lp, nil
 	}
 	if nr := (*notRegular)(nil); errors.As(err, &nr) {
 		return nil, lp, fmt.Errorf("runstate: cannot read the ledger %s: %w: move it away", lp, err)
+	}
+	if errors.As(err, new(*ownFileError)) {
+		return nil, lp, err // names it
 	}
 	if isNotExist(err) {
 		if _, derr := os.Stat(dir); derr != nil {
@@ -138,7 +141,11 @@ func (s *dirStore) verifyLedger(rep *Report, st *state, each func(*Record, []byt
 		rep.Problems = append(rep.Problems, Problem{File: lp, Line: ce.Line, Offset: ce.Offset, What: what, Fix: fix})
 		return true, nil
 	case errors.As(err, new(journalError)):
-		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: "make it readable: it may hold acknowledged records"})
+		fix := "make it readable: it may hold acknowledged records"
+		if notOwnFile(err) {
+			fix = "put the journal runstate wrote in its place (it may hold acknowledged records), or move it away; Open refuses the run until then"
+		}
+		rep.Problems = append(rep.Problems, Problem{File: wp, What: err.Error(), Fix: fix})
 	case err != nil:
 		return false, err
 	}
@@ -184,9 +191,9 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 	// Both projections are read before the ledger is read on: what they
 	// reflect was appended before they were written.
 	mp := filepath.Join(s.dir, manifestFile)
-	data, merr := readFile(s.fs, mp, maxManifest)
+	data, merr := readOwn(s.fs, s.dir, manifestFile, maxManifest)
 	np := filepath.Join(s.dir, filepath.FromSlash(nextStepsFile))
-	seq, nerr := nextStepsSeq(np)
+	seq, nerr := nextStepsSeq(s.dir)
 	var pos snapshotPos
 	var derr error // manifest.json's, as a snapshot
 	if merr == nil {
@@ -203,7 +210,10 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 			}
 		}
 	}
-	if err := merr; err != nil {
+	if notOwn := "move it away: " + rebuild; notOwnFile(merr) {
+		// A link, a FIFO, a directory (ownEntryError, notRegular).
+		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + merr.Error(), Fix: notOwn})
+	} else if err := merr; err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "unreadable: " + err.Error(), Fix: rebuild})
 	} else if err := derr; err != nil {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: "not a valid snapshot: " + err.Error(), Fix: rebuild})
@@ -216,7 +226,9 @@ func (s *dirStore) verifyProjections(rep *Report, st *state, settled int64) {
 		rep.Problems = append(rep.Problems, Problem{File: mp, What: fmt.Sprintf("does not reflect the ledger (reflects the record ending at byte %d with hash %.12s…, the ledger's record there ends at byte %d with hash %.12s…)", pos.End, pos.Hash, st.pos.offset, st.pos.hash),
 			Fix: rebuild})
 	}
-	if nerr != nil {
+	if notOwnFile(nerr) {
+		rep.Problems = append(rep.Problems, Problem{File: np, What: nerr.Error(), Fix: "move it away: " + rebuild})
+	} else if nerr != nil {
 		rep.Problems = append(rep.Problems, Problem{File: np, What: nerr.Error(), Fix: rebuild})
 	} else if seq < settled {
 		rep.Problems = append(rep.Problems, Problem{File: np, What: fmt.Sprintf("behind the ledger (reflects seq %d, the ledger is at seq %d)", seq, st.pos.seq),
@@ -256,12 +268,12 @@ func (s *dirStore) snapshotInLedger(pos snapshotPos) bool {
 	return ok
 }
 
-// nextStepsSeq reads the ledger seq that logs/next-steps.txt names in its
-// first line.
-func nextStepsSeq(p string) (int64, error) {
-	f, _, err := openRegularIn(osFS{}, p, os.O_RDONLY)
+// nextStepsSeq reads the ledger seq that logs/next-steps.txt of the run in
+// dir names in its first line.
+func nextStepsSeq(dir string) (int64, error) {
+	f, _, err := openOwn(osFS{}, dir, nextStepsFile, os.O_RDONLY)
 	if err != nil {
-		return 0, fmt.Errorf("unreadable: %v", err)
+		return 0, fmt.Errorf("unreadable: %w", err)
 	}
 	defer f.Close()
 	line, err := bufio.NewReader(io.LimitReader(f, 4096)).ReadString('\n')

@@ -158,7 +158,7 @@ func Repair(dir string, opts *RepairOptions) (*RepairReport, error) {
 		return nil, fmt.Errorf("runstate: %s is a directory, not a ledger: move it away", lp)
 	}
 	if err := fsys.MkdirAll(path(tmpDir), 0o755); err != nil {
-		return nil, fmt.Errorf("runstate: cannot create %s: %w (is the directory writable?)", path(tmpDir), err)
+		return nil, mkdirError(path(tmpDir), err)
 	}
 
 	lock := flock.New(path(lockFile))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -269,12 +270,12 @@ func parseMark(slot []byte) (m walMark, ok bool) {
 // holds the ledger lock.
 func (s *dirStore) openJournal() error {
 	p := s.path(walFile)
-	f, size, err := openWAL(s.fs, p, os.O_RDWR)
+	f, size, err := openWAL(s.fs, s.abs, os.O_RDWR)
 	if isNotExist(err) {
 		if err := writeAtomic(s.fs, s.path(tmpDir), s.sessionOrNone(), p, make([]byte, walSize), !s.opts.NoSync); err != nil {
 			return fmt.Errorf("runstate: create %s: %w", p, err)
 		}
-		f, size, err = openWAL(s.fs, p, os.O_RDWR)
+		f, size, err = openWAL(s.fs, s.abs, os.O_RDWR)
 	}
 	if err != nil {
 		return err
@@ -283,10 +284,15 @@ func (s *dirStore) openJournal() error {
 	return nil
 }
 
-// openWAL opens the journal at p and checks its size. A missing journal is
-// an error for which isNotExist holds.
-func openWAL(fsys fileSystem, p string, flag int) (file, int64, error) {
-	f, fi, err := openRegularIn(fsys, p, flag)
+// openWAL opens the journal of the run in dir, only where it is
+// (openOwn), and checks its size. A missing journal is an error for which
+// isNotExist holds.
+func openWAL(fsys fileSystem, dir string, flag int) (file, int64, error) {
+	p := filepath.Join(dir, filepath.FromSlash(walFile))
+	f, fi, err := openOwn(fsys, dir, walFile, flag)
+	if errors.As(err, new(*ownFileError)) {
+		return nil, 0, err // names it
+	}
 	if nr := (*notRegular)(nil); errors.As(err, &nr) {
 		return nil, 0, fmt.Errorf("runstate: %s is %w: it was not written by runstate; move it away to open the run", p, err)
 	}

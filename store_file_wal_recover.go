@@ -21,7 +21,7 @@ import (
 // pos, has none.
 func journalTail(fsys fileSystem, dir string, pos chain) ([]byte, walMark, error) {
 	p := filepath.Join(dir, filepath.FromSlash(walFile))
-	f, size, err := openWAL(fsys, p, os.O_RDONLY)
+	f, size, err := openWAL(fsys, dir, os.O_RDONLY)
 	if isNotExist(err) {
 		return nil, walMark{}, nil
 	}
@@ -239,8 +239,7 @@ func restoreJournal(fsys fileSystem, dir, session string, f file, j restored) (s
 // in dir names: every record up to it was made durable and may have
 // been reported to a caller. 0 without a journal or a valid slot.
 func acknowledged(fsys fileSystem, dir string) int64 {
-	p := filepath.Join(dir, filepath.FromSlash(walFile))
-	f, _, err := openWAL(fsys, p, os.O_RDONLY)
+	f, _, err := openWAL(fsys, dir, os.O_RDONLY)
 	if err != nil {
 		return 0
 	}
@@ -263,7 +262,7 @@ func acknowledged(fsys fileSystem, dir string) int64 {
 // it cuts acknowledged records). The ledger must be durable first.
 func clearJournal(fsys fileSystem, dir string) error {
 	p := filepath.Join(dir, filepath.FromSlash(walFile))
-	f, size, err := openWAL(fsys, p, os.O_RDWR)
+	f, size, err := openWAL(fsys, dir, os.O_RDWR)
 	if isNotExist(err) {
 		return nil
 	}
@@ -293,8 +292,7 @@ func clearJournal(fsys fileSystem, dir string) error {
 // or a snapshot before the window, needs no check. It reads those lines
 // one at a time: the window is the ring's size, plus a line.
 func journalAgrees(fsys fileSystem, dir string, f file, pos snapshotPos) bool {
-	p := filepath.Join(dir, filepath.FromSlash(walFile))
-	w, size, err := openWAL(fsys, p, os.O_RDONLY)
+	w, size, err := openWAL(fsys, dir, os.O_RDONLY)
 	if err != nil {
 		return true // no journal (or one Open reports on): nothing to check against
 	}

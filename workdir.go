@@ -29,7 +29,7 @@ const maxWorkDirFile = 64 << 10
 // safe for concurrent use.
 func ReadWorkDirFile(dir string) ([]byte, error) {
 	p := filepath.Join(dir, filepath.FromSlash(WorkDirFile))
-	f, _, err := openRegularIn(osFS{}, p, os.O_RDONLY)
+	f, _, err := openOwn(osFS{}, dir, WorkDirFile, os.O_RDONLY)
 	if err != nil {
 		if nr := (*notRegular)(nil); errors.As(err, &nr) {
 			return nil, fmt.Errorf("%s is %w", p, err)
