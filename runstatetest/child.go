@@ -1,7 +1,6 @@
 package runstatetest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -194,9 +193,12 @@ type Outcome struct {
 	Err       error         // neither finished nor killed: it failed, or could not start
 }
 
-// Run starts the child once, applies k, and waits for it to end. The
-// child's run directory holds whatever its records made durable; Run
-// itself writes nothing there. Safe for concurrent use (on different
+// Run starts the child once, applies k, and waits for it to end: for its
+// exit, and at most a second more for a process that the pipeline started
+// (a server, a go test) and that keeps its output open. Outcome.Output
+// holds the child's output whole, lines of any length. The child's run
+// directory holds whatever its records made durable; Run itself writes
+// nothing there. Safe for concurrent use (on different
 // directories, or on one directory to have several processes share a run,
 // as Storm does).
 func (c Child) Run(k Kill) Outcome {
@@ -219,15 +221,6 @@ func (c Child) Run(k Kill) Outcome {
 	if k.At.Point != 0 {
 		cmd.Env = append(cmd.Env, envKillAt+"="+formatAt(k.At))
 	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return Outcome{Err: err}
-	}
-	if err := cmd.Start(); err != nil {
-		return Outcome{Err: fmt.Errorf("runstatetest: start child: %w", err)}
-	}
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = time.Minute
@@ -247,32 +240,42 @@ func (c Child) Run(k Kill) Outcome {
 		}
 	}
 	var timedOut, parentKilled atomic.Bool
-	stopTimeout := killer(timeout, &timedOut)
-
-	var out strings.Builder
-	var started, finished time.Time
-	selfKilled := false
-	stopKill := func() {}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		line := sc.Text()
-		out.WriteString(line + "\n")
+	var stopKill func() // set once, by the watch, when the pipeline started
+	var stderr bytes.Buffer
+	out := &lineWatch{onLine: func(w *lineWatch, line string) {
 		switch {
-		case line == startedLine && started.IsZero():
-			started = time.Now()
+		case line == startedLine && w.started.IsZero():
+			w.started = time.Now()
 			if k.After > 0 {
 				stopKill = killer(k.After, &parentKilled)
 			}
 		case line == finishedLine:
-			finished = time.Now()
+			w.finished = time.Now()
 		case strings.HasPrefix(line, killingLine):
-			selfKilled = true
+			w.selfKilled = true
 		}
+	}}
+	// The output is read as it comes, lines of any length; a process the
+	// pipeline started that keeps the output open after the child exited
+	// (a server) is not waited for longer than WaitDelay.
+	cmd.Stdout, cmd.Stderr = out, &stderr
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		return Outcome{Err: fmt.Errorf("runstatetest: start child: %w", err)}
 	}
+	stopTimeout := killer(timeout, &timedOut)
 	werr := cmd.Wait()
-	stopKill()
+	if errors.Is(werr, exec.ErrWaitDelay) {
+		werr = nil // it exited 0; a process of its own kept the output open
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if stopKill != nil {
+		stopKill()
+	}
 	stopTimeout()
-	o := Outcome{Output: out.String() + stderr.String()}
+	started, finished, selfKilled := out.started, out.finished, out.selfKilled
+	o := Outcome{Output: out.buf.String() + stderr.String()}
 	if !finished.IsZero() {
 		o.Elapsed = finished.Sub(started)
 	} else if !started.IsZero() {
@@ -403,4 +406,49 @@ func Storm(t testing.TB, c Child, procs int, next func(proc, attempt int) Kill) 
 	}
 	wg.Wait()
 	return res
+}
+
+// lineWatch is the child's standard output: it keeps every byte and calls
+// onLine, under mu, for each line that is short enough to be one of the
+// child's own (startedLine ...); a longer line is kept, not looked at.
+type lineWatch struct {
+	mu     sync.Mutex
+	buf    strings.Builder
+	line   []byte // the current line's start, up to maxWatched bytes
+	long   bool   // the current line is longer than that
+	onLine func(w *lineWatch, line string)
+
+	started, finished time.Time
+	selfKilled        bool
+}
+
+// maxWatched is more than the longest line onLine looks for.
+const maxWatched = 256
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(p)
+	w.buf.Write(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		part := p
+		if i >= 0 {
+			part = p[:i]
+		}
+		if !w.long && len(w.line)+len(part) <= maxWatched {
+			w.line = append(w.line, part...)
+		} else {
+			w.long = true
+		}
+		if i < 0 {
+			break
+		}
+		if !w.long {
+			w.onLine(w, string(w.line))
+		}
+		w.line, w.long = w.line[:0], false
+		p = p[i+1:]
+	}
+	return n, nil
 }
