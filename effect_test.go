@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -476,6 +477,36 @@ func TestEffectDoPanicIsRecorded(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.JSONEq(t, `1`, string(got))
+}
+
+// TestEffectDoGoexitIsRecorded: a Do that calls runtime.Goexit (t.Fatal
+// in a test) is recorded as unconfirmed, as a panic is, and its goroutine
+// ends as Goexit does; the next Effect asks Check. It re-panicked with
+// nil, which crashed the test binary.
+func TestEffectDoGoexitIsRecorded(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r := i3Open(t, dir, nil)
+	done := make(chan bool, 1)
+	go func() {
+		defer func() { done <- true }()
+		_, _ = r.Effect(ctx, "page", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+			runtime.Goexit()
+			return nil, nil
+		}})
+		t.Error("Effect returned after Do called runtime.Goexit")
+	}()
+	<-done
+	es := i3Effect(t, r, "page")
+	assert.Equal(t, runstate.EffectUnconfirmed, es.State, "not left as an intent this live session holds")
+	assert.Contains(t, es.Error, "Do called runtime.Goexit instead of returning")
+
+	got, err := r.Effect(ctx, "page", runstate.Effect{
+		Do:    func(context.Context, string) (json.RawMessage, error) { return json.RawMessage(`2`), nil },
+		Check: func(context.Context, string) (json.RawMessage, bool, error) { return nil, false, nil },
+	})
+	require.NoError(t, err)
+	assert.JSONEq(t, `2`, string(got))
 }
 
 func TestEffectArguments(t *testing.T) {

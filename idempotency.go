@@ -20,7 +20,9 @@ import (
 // is under way. Check may run for one key in several goroutines and
 // sessions at once (each settling an outcome it found unknown), so it
 // must only ask. One Effect value used for several keys sees calls for
-// each at once.
+// each at once. A Do that panics, or calls runtime.Goexit (t.Fatal in a
+// test), is recorded as unconfirmed (it may have landed) before the panic
+// or Goexit goes on.
 type Effect struct {
 	// Request is the payload, recorded with the intent (optional). The
 	// same key with a different Request is refused with ErrMismatch, as
@@ -261,18 +263,25 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 
 // callDo calls e.Do. When Do panics, the effect is recorded as unconfirmed
 // (it may have landed) before the panic goes on: an intent held by this
-// live session would otherwise make every later call ErrBusy.
+// live session would otherwise make every later call ErrBusy. So it is
+// when Do calls runtime.Goexit (t.Fatal in a test), which then goes on.
 func (r *Run) callDo(ctx context.Context, key, full string, e Effect) (receipt json.RawMessage, err error) {
 	panicked := true
 	defer func() {
 		if panicked {
 			p := recover()
+			what := fmt.Sprintf("Do panicked, it may have landed: %v", p)
+			if p == nil { // runtime.Goexit (see Run.Do): no panic to go on with
+				what = "Do " + errGoexit.Error() + ", it may have landed"
+			}
 			if _, err := r.commit(true, func(*state) ([]*Record, error) {
-				return []*Record{{Ev: evUnconfirmed, Key: key, Error: fmt.Sprintf("Do panicked, it may have landed: %v", p)}}, nil
+				return []*Record{{Ev: evUnconfirmed, Key: key, Error: what}}, nil
 			}); err != nil {
 				r.intentFailed(key)
 			}
-			panic(p)
+			if p != nil {
+				panic(p)
+			}
 		}
 	}()
 	receipt, err = e.Do(ctx, full)

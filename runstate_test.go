@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -977,6 +978,40 @@ func TestDoRecordsPanic(t *testing.T) {
 
 	// The stage can run again.
 	require.NoError(t, r.Do(ctx, "p", func(context.Context, *runstate.Stage) error { return nil }))
+	assert.Equal(t, "complete", lastRecord(t, dir).Ev)
+}
+
+// TestDoWhoseFnCallsGoexit: a fn that ends its goroutine with
+// runtime.Goexit (t.Fatal, or a failed require check, inside fn in a
+// test) lets the goroutine end as Goexit does, with the attempt recorded
+// as failed, and the stage runs again. Do re-panicked with the nil that
+// recover returns for Goexit: "panic called with nil argument", which
+// crashed the test binary with every other test in it.
+func TestDoWhoseFnCallsGoexit(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	returned := make(chan bool, 1)
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = r.Do(ctx, "g", func(context.Context, *runstate.Stage) error {
+			runtime.Goexit()
+			return nil
+		})
+		returned <- true
+	}()
+	<-exited
+	select {
+	case <-returned:
+		t.Error("Do returned after fn called runtime.Goexit")
+	default:
+	}
+	last := lastRecord(t, dir)
+	assert.Equal(t, "g", last.Stage)
+	assert.Contains(t, last.Error, "fn called runtime.Goexit instead of returning (t.Fatal")
+
+	// The stage can run again.
+	require.NoError(t, r.Do(ctx, "g", func(context.Context, *runstate.Stage) error { return nil }))
 	assert.Equal(t, "complete", lastRecord(t, dir).Ev)
 }
 

@@ -556,7 +556,9 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // Do runs one stage: Begin, then fn, then Complete when fn returns nil or
 // Fail when it returns an error. When the stage is done and its evidence
 // holds, Do returns nil at once without calling fn. A panic in fn is
-// recorded as a failure and then re-raised (bbolt's Update does the same).
+// recorded as a failure and then re-raised (bbolt's Update does the same);
+// a fn that calls runtime.Goexit (t.Fatal in a test) is recorded as
+// failed too, and Goexit goes on: Do does not return.
 // When Do returns nil the stage's completion is durable. When fn ends the
 // attempt itself (Stage.Complete, Fail or Await), Do records nothing more
 // and returns fn's error; if fn returns nil, Do returns nil only when the
@@ -589,6 +591,13 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 	defer func() {
 		if panicked {
 			p := recover()
+			if p == nil {
+				// runtime.Goexit: t.Fatal or require in a test's fn. The
+				// attempt fails and the goroutine goes on exiting;
+				// panic(nil) here would crash the process.
+				_ = st.Fail(fmt.Errorf("fn %w", errGoexit))
+				return
+			}
 			_ = st.Fail(fmt.Errorf("panic: %v", p))
 			panic(p)
 		}
@@ -623,6 +632,10 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 	}
 	return err
 }
+
+// errGoexit is the failure recorded for a fn (or an Effect's Do) that
+// called runtime.Goexit instead of returning.
+var errGoexit = errors.New("called runtime.Goexit instead of returning (t.Fatal, t.FailNow or a failed require check in a test?)")
 
 // segment returns the first segment of a hierarchical stage name.
 func segment(name string) string {
