@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/gofrs/flock"
@@ -86,6 +87,49 @@ type dirStore struct {
 	handoff handoffFiles // logs/next-steps.txt's publication (store_file_handoff.go)
 
 	batch dirBatch // the one batch under way (one at a time)
+
+	use storeUse // refuses a second Run (OpenStore twice on one store)
+}
+
+// storeUse keeps a Store that serves one Run from serving a second: a
+// second OpenStore on it is refused (claim), and the Close that the
+// failed OpenStore then makes is ignored (stray), instead of the second
+// Run's session taking over the first's files and lock, or its Close
+// ending the first Run's session.
+type storeUse struct {
+	mu     sync.Mutex
+	inUse  bool
+	strays int // refused opens whose Close is still to come
+}
+
+// busy reports whether the store serves a Run already.
+func (u *storeUse) busy() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.inUse
+}
+
+// claim marks the store as serving a Run; false when it already does.
+func (u *storeUse) claim() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.inUse {
+		u.strays++
+		return false
+	}
+	u.inUse = true
+	return true
+}
+
+// stray reports whether a Close is a refused open's, and counts it.
+func (u *storeUse) stray() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.strays > 0 {
+		u.strays--
+		return true
+	}
+	return false
 }
 
 // NewFileStore returns the file store for the run directory dir: the Store
@@ -94,7 +138,9 @@ type dirStore struct {
 // LockTimeout apply to it; nil means the defaults. It touches no file
 // until a method is called (nothing is durable until a Run appends
 // through it); it serves one Run, which makes its calls as Store says:
-// share a Store between goroutines only through that Run. NewFileStore
+// share a Store between goroutines only through that Run (a second
+// OpenStore on it is refused with ErrInvalid, and the Run it serves goes
+// on). NewFileStore
 // itself is safe for concurrent use.
 func NewFileStore(dir string, opts *Options) Store {
 	var o Options
@@ -130,6 +176,9 @@ func (s *dirStore) Blobs() Blobs { return nil }
 
 // attach gives the store the Run's view of its sessions (see dirStore.info).
 func (s *dirStore) attach(info func(string) *SessionStatus, open func() []*SessionStatus) {
+	if s.use.busy() {
+		return // the Open that follows is refused
+	}
 	s.info, s.openSessions = info, open
 }
 
@@ -159,6 +208,9 @@ func (s *dirStore) sessionOrNone() string {
 // create record is written. The snapshot returned is manifest.json when it
 // still matches the ledger.
 func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, error) {
+	if !s.use.claim() {
+		return nil, Position{}, fmt.Errorf("%w: the file store of %s serves one Run only: call NewFileStore again for another", ErrInvalid, s.dir)
+	}
 	s.session = session
 	s.host, _ = os.Hostname()
 	if s.dir == "" {
@@ -420,6 +472,9 @@ func (s *dirStore) Live(ctx context.Context, sessions []string) (map[string]bool
 // killed process would: a lock that can be taken proves the session gone
 // (alive), a missing one does not.
 func (s *dirStore) Close(clean bool) error {
+	if s.use.stray() {
+		return nil // a refused Open's: the store serves another Run
+	}
 	var err error
 	if clean && s.ledger != nil && !s.opts.NoSync {
 		if serr := s.ledger.Sync(); serr != nil {

@@ -215,3 +215,30 @@ func TestOpenStoreChecksTheWorkDirBeforeRecording(t *testing.T) {
 	require.NoError(t, runstate.ReadLedger(dir, func(*runstate.Record) error { after++; return nil }))
 	assert.Equal(t, before, after, "the refused OpenStore recorded nothing")
 }
+
+// TestFileStoreServesOneRun: a second OpenStore on the Store that
+// NewFileStore returned, while a Run uses it, is refused with ErrInvalid
+// saying what to do, and the first Run goes on: its stages complete, its
+// Close writes its close record, the ledger verifies. The second OpenStore
+// took over the store's session, lock and files: the first Run's next
+// call failed with "use of closed file" once the second closed, and the
+// two Runs shared one lock that did not exclude them from each other.
+func TestFileStoreServesOneRun(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := runstate.NewFileStore(dir, testOptions())
+	r1, err := runstate.OpenStore(s, dir, testOptions())
+	require.NoError(t, err)
+	_, err = runstate.OpenStore(s, dir, testOptions())
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "serves one Run only: call NewFileStore again for another")
+
+	require.NoError(t, r1.Do(ctx, "a", writeStage("artifacts/a", "a")))
+	require.NoError(t, r1.Close())
+	lines := checkLedger(t, dir)
+	last := lines[len(lines)-1].rec
+	assert.Equal(t, "close", last.Ev)
+	assert.Equal(t, r1.Session(), last.Session)
+	assert.Len(t, events(lines, "open", ""), 1, "one session opened")
+	assert.Len(t, events(lines, "complete", "a"), 1)
+}

@@ -176,6 +176,7 @@ type memSession struct {
 	m      *MemStore
 	id     string
 	opened bool
+	strays int // refused Opens whose Close is still to come; m.mu guards it
 }
 
 func (s *memSession) String() string { return s.m.String() }
@@ -198,6 +199,9 @@ func (s *memSession) Open(_ context.Context, session string) ([]byte, runstate.P
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s.opened {
+		// The failed OpenStore closes s next: that Close is ignored, so
+		// that it does not end the session of the Run s serves.
+		s.strays++
 		return nil, runstate.Position{}, fmt.Errorf("%w: %s: a Store from MemStore.Session serves one Run: call Session again", runstate.ErrInvalid, m)
 	}
 	if _, ok := m.sessions[session]; ok || session == "" {
@@ -316,6 +320,10 @@ func (s *memSession) Close(clean bool) error {
 	m := s.m
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if s.strays > 0 {
+		s.strays-- // a refused Open's Close
+		return nil
+	}
 	l := m.sessions[s.id]
 	if l == nil {
 		return nil

@@ -345,3 +345,28 @@ func TestInspectOfAnEmptyStoreIsNotExist(t *testing.T) {
 	_, err = runstate.Inspect(filepath.Join(t.TempDir(), "none"))
 	require.ErrorIs(t, err, fs.ErrNotExist, "the same for a directory")
 }
+
+// TestMemSessionRefusedOpenLeavesItsRun: a second OpenStore on a Store
+// from MemStore.Session is refused, as its doc says, and the Run it serves
+// goes on. The refused OpenStore closed the store, as OpenStore closes a
+// store it could not open: that ended the first Run's session, whose next
+// call failed with ErrSessionLost.
+func TestMemSessionRefusedOpenLeavesItsRun(t *testing.T) {
+	ctx := context.Background()
+	m := runstatetest.NewMemStore()
+	s := m.Session()
+	dir := t.TempDir()
+	r1, err := runstate.OpenStore(s, dir, &runstate.Options{Request: "one run"})
+	require.NoError(t, err)
+	_, err = runstate.OpenStore(s, dir, &runstate.Options{Request: "one run"})
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "serves one Run: call Session again")
+
+	require.NoError(t, r1.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r1.Close())
+	lines := m.Lines()
+	assert.Contains(t, string(lines[len(lines)-1]), `"ev":"close"`)
+	rep, err := runstate.VerifyStore(ctx, m.Session(), dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%v", rep.Problems)
+}
