@@ -957,6 +957,20 @@ func TestStageOutput(t *testing.T) {
 	assert.Empty(t, events(checkLedger(t, dir), "complete", "missing"))
 }
 
+// TestDoWithoutFnIsRefused: Do with a nil fn is ErrInvalid, with nothing
+// recorded, as Effect without a Do is. It began the stage, then recorded
+// the nil pointer dereference as a failed attempt, counted toward
+// MaxAttempts, and panicked.
+func TestDoWithoutFnIsRefused(t *testing.T) {
+	r, dir := newTestRun(t)
+	before := readLedgerBytes(t, dir)
+	var err error
+	assert.NotPanics(t, func() { err = r.Do(context.Background(), "n", nil) })
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), `Do of stage "n" needs a fn to run`)
+	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
+}
+
 func TestDoRecordsPanic(t *testing.T) {
 	ctx := context.Background()
 	r, dir := newTestRun(t)

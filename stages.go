@@ -558,7 +558,8 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // holds, Do returns nil at once without calling fn. A panic in fn is
 // recorded as a failure and then re-raised (bbolt's Update does the same);
 // a fn that calls runtime.Goexit (t.Fatal in a test) is recorded as
-// failed too, and Goexit goes on: Do does not return.
+// failed too, and Goexit goes on: Do does not return. A nil fn is
+// ErrInvalid, with nothing recorded.
 // When Do returns nil the stage's completion is durable. When fn ends the
 // attempt itself (Stage.Complete, Fail or Await), Do records nothing more
 // and returns fn's error; if fn returns nil, Do returns nil only when the
@@ -577,6 +578,9 @@ func (r *Run) Skip(ctx context.Context, name, reason string) error {
 // Options.MaxAttempts: a cancellation interrupts the work, it is not the
 // work failing. Safe for concurrent use.
 func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, st *Stage) error, inputs ...Input) error {
+	if fn == nil {
+		return fmt.Errorf("%w: Do of stage %q needs a fn to run", ErrInvalid, name)
+	}
 	st, err := r.Begin(ctx, name, inputs...)
 	if errors.Is(err, ErrDone) {
 		return nil
