@@ -509,6 +509,28 @@ func TestEffectDoGoexitIsRecorded(t *testing.T) {
 	assert.JSONEq(t, `2`, string(got))
 }
 
+// TestEffectWhoseRunClosesDuringDo: when the Run is closed while an
+// effect's Do runs (a deferred Close as the program gives up, say), the
+// receipt Do returns cannot be recorded: Effect's error wraps ErrClosed,
+// says the effect happened, with its receipt, and what settles it; the
+// next session finds it in doubt. The error was "runstate: run is
+// closed" alone, which reads as if nothing was sent.
+func TestEffectWhoseRunClosesDuringDo(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	r := i3Open(t, dir, nil)
+	_, err := r.Effect(ctx, "page", runstate.Effect{Do: func(context.Context, string) (json.RawMessage, error) {
+		require.NoError(t, r.Close())
+		return json.RawMessage(`{"id":"T-7"}`), nil
+	}})
+	require.ErrorIs(t, err, runstate.ErrClosed)
+	assert.Contains(t, err.Error(), `effect page happened (Do returned the receipt {"id":"T-7"}), but its confirmation could not be recorded`)
+	assert.Contains(t, err.Error(), "resolve it with: runstate resolve")
+
+	r2 := i3Open(t, dir, nil)
+	assert.Equal(t, runstate.EffectInDoubt, i3Effect(t, r2, "page").State)
+}
+
 func TestEffectArguments(t *testing.T) {
 	ctx := context.Background()
 	r := i3Open(t, t.TempDir(), nil)

@@ -73,7 +73,10 @@ type Resolution struct {
 // When the confirmation (or unconfirmed record) could not be written and
 // the Run stayed writable (a lock wait that ran out: Effect returns that
 // error), the next Effect of the key in this Run treats the intent as a
-// dead session's: Check decides, as above (attempts.go).
+// dead session's: Check decides, as above (attempts.go). When that
+// happens after Do succeeded (that wait, or a Close while Do ran:
+// ErrClosed), the error says that the effect happened and names its
+// receipt, recorded nowhere; the next session finds the effect in doubt.
 //
 // Effect is safe for concurrent use by goroutines and processes: one key is
 // attempted by one session at a time; others get ErrBusy meanwhile.
@@ -250,6 +253,15 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 	}
 	if _, err := r.commit(true, func(*state) ([]*Record, error) { return []*Record{rec}, nil }); err != nil {
 		r.intentFailed(key) // the next Effect of key asks Check (attempts.go)
+		if derr == nil && bad == nil {
+			// It happened: say so, with the receipt, which is recorded
+			// nowhere (a Close that came meanwhile, a lock wait that ran
+			// out, a failed write).
+			// Not ErrUnconfirmed: the error is the write's (ErrClosed,
+			// ErrLockTimeout ...), which callers (runstate effect) act on.
+			return nil, fmt.Errorf("runstate: effect %s happened (Do returned the receipt %.200s), but its confirmation could not be recorded: %w; the next Effect call for the key asks its Check, or resolve it with: %s",
+				key, orNull(receipt), err, r.where.resolve(key, "-sent RECEIPT -by NAME"))
+		}
 		return nil, errors.Join(derr, bad, err)
 	}
 	if bad != nil {
