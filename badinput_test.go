@@ -354,6 +354,32 @@ func TestBadInputOtherInputs(t *testing.T) {
 	assert.Equal(t, before, readLedgerBytes(t, dir))
 }
 
+// TestStageAfterItsAttemptEndedSaysHow: a Stage's methods after its
+// attempt ended return ErrClosed saying how the attempt ended and what to
+// do, not that the run is closed (it is not: the Run goes on). They read
+// "runstate: run is closed: stage s attempt 1 already ended".
+func TestStageAfterItsAttemptEndedSaysHow(t *testing.T) {
+	ctx := context.Background()
+	r, _ := newTestRun(t)
+	for _, c := range []struct {
+		stage, how string
+		end        func(st *runstate.Stage) error
+	}{
+		{"c", "completed", func(st *runstate.Stage) error { return st.Complete() }},
+		{"f", "failed", func(st *runstate.Stage) error { return st.Fail(errors.New("no")) }},
+		{"w", "awaiting a person", func(st *runstate.Stage) error { return st.Await("review") }},
+	} {
+		st, err := r.Begin(ctx, c.stage)
+		require.NoError(t, err)
+		_ = c.end(st)
+		err = st.WriteFile("artifacts/late", []byte("x"))
+		require.ErrorIs(t, err, runstate.ErrClosed, c.stage)
+		assert.Equal(t, "runstate: stage "+c.stage+" attempt 1 already ended ("+c.how+"): this Stage is done; Begin (or Do) the stage again for a new attempt", err.Error())
+	}
+	_, err := r.Status()
+	require.NoError(t, err, "the Run is not closed")
+}
+
 func TestBadInputEndTwice(t *testing.T) {
 	ctx := context.Background()
 	r, dir := newTestRun(t)

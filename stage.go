@@ -93,10 +93,34 @@ func (st *Stage) endFailed(err error) {
 
 func (st *Stage) check() error {
 	if st.ended {
-		return fmt.Errorf("%w: stage %s attempt %d already ended", ErrClosed, st.name, st.attempt)
+		return &endedError{stage: st.name, attempt: st.attempt, why: st.endErr}
 	}
 	return st.run.checkOpen()
 }
+
+// endedError is the error of a Stage's method after its attempt ended:
+// ErrClosed, saying how it ended, without "run is closed" (the Run is
+// not).
+type endedError struct {
+	stage   string
+	attempt int
+	why     error // st.endErr: nil for a complete
+}
+
+func (e *endedError) Error() string {
+	how := "completed"
+	switch {
+	case errors.Is(e.why, ErrStale):
+		how = "stale"
+	case errors.Is(e.why, ErrNeedsPerson):
+		how = "awaiting a person"
+	case e.why != nil:
+		how = "failed"
+	}
+	return fmt.Sprintf("runstate: stage %s attempt %d already ended (%s): this Stage is done; Begin (or Do) the stage again for a new attempt", e.stage, e.attempt, how)
+}
+
+func (e *endedError) Unwrap() error { return ErrClosed }
 
 // closedOr returns ErrClosed for err when the Run was closed meanwhile (its
 // files are closed: that is why err happened), else err.
