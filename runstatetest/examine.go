@@ -52,7 +52,8 @@ func (f *Findings) String() string {
 // effect was never repeated), no temp file was left in logs/tmp, and,
 // when want is not "", every file outside logs/ and manifest.json is byte
 // for byte the same as in want, a directory where the same work ran
-// without interruption. It reads only; the error is for a directory it
+// without interruption (a symbolic link points to the same place, and is
+// not followed; a FIFO or a device is the same kind, and is not opened). It reads only; the error is for a directory it
 // cannot read. Safe for concurrent use.
 func Examine(dir, want string) (*Findings, error) {
 	f := &Findings{}
@@ -141,7 +142,8 @@ func CheckResumed(t testing.TB, dir, want string) *Findings {
 
 // SameArtifacts reports through t every file outside logs/ and
 // manifest.json that differs between want and got, is missing from one
-// of them or has a different content, byte for byte. It reads only; safe
+// of them or has a different content, byte for byte (links and FIFOs
+// compared as Examine compares them). It reads only; safe
 // for concurrent use, from the goroutine running the test (it calls
 // t.Fatalf when a directory cannot be read).
 func SameArtifacts(t testing.TB, want, got string) {
@@ -156,9 +158,13 @@ func SameArtifacts(t testing.TB, want, got string) {
 }
 
 // outputs lists the files of a run directory that are not runstate's own,
-// relative to it, with forward slashes.
-func outputs(dir string) (map[string][]byte, error) {
-	out := map[string][]byte{}
+// relative to it, with forward slashes, each with its content: a regular
+// file's bytes; for a symbolic link, what it points to (an absolute target
+// inside dir with dir replaced by "$RUN", so that the same link in two run
+// directories compares equal), never followed; for a FIFO, a device or a
+// socket, what it is, without opening it (which could block).
+func outputs(dir string) (map[string]entry, error) {
+	out := map[string]entry{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -174,14 +180,38 @@ func outputs(dir string) (map[string][]byte, error) {
 		if rel == "manifest.json" {
 			return nil
 		}
+		switch t := d.Type(); {
+		case t&fs.ModeSymlink != 0:
+			to, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			if filepath.IsAbs(to) {
+				if r, err := filepath.Rel(dir, to); err == nil && filepath.IsLocal(r) {
+					to = "$RUN/" + filepath.ToSlash(r)
+				}
+			}
+			out[rel] = entry{kind: "a symbolic link to " + to}
+			return nil
+		case !t.IsRegular():
+			out[rel] = entry{kind: fmt.Sprintf("not a regular file (%v)", t)}
+			return nil
+		}
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
-		out[rel] = data
+		out[rel] = entry{data: data}
 		return nil
 	})
 	return out, err
+}
+
+// entry is a file of outputs: a regular file's bytes, or what it is
+// (kind) when it is not one.
+type entry struct {
+	data []byte
+	kind string
 }
 
 func compareTrees(want, got string) ([]string, error) {
@@ -214,7 +244,18 @@ func compareTrees(want, got string) ([]string, error) {
 			diff = append(diff, fmt.Sprintf("%s: missing (the uninterrupted run in %s has it)", filepath.Join(got, k), want))
 		case !inW:
 			diff = append(diff, fmt.Sprintf("%s: extra (the uninterrupted run in %s has no such file)", filepath.Join(got, k), want))
-		case !bytes.Equal(wd, gd):
+		case wd.kind != "" || gd.kind != "":
+			if wd.kind != gd.kind {
+				what := func(e entry) string {
+					if e.kind == "" {
+						return "a file"
+					}
+					return e.kind
+				}
+				diff = append(diff, fmt.Sprintf("%s: %s, where the uninterrupted run's is %s", filepath.Join(got, k), what(gd), what(wd)))
+			}
+		case !bytes.Equal(wd.data, gd.data):
+			wd, gd := wd.data, gd.data
 			i := 0
 			for i < len(wd) && i < len(gd) && wd[i] == gd[i] {
 				i++
