@@ -156,7 +156,7 @@ func CrashAt(run *runstate.Run, at At) *Trap {
 		Fire: func(r any, p testhook.Point, name string) error {
 			tr.fired.Store(true)
 			testhook.Crash(r)
-			return fmt.Errorf("%w: %s %s", ErrCrashed, Point(p), name)
+			return fmt.Errorf("%w: %s", ErrCrashed, At{Point: Point(p), Name: name})
 		}})
 	return tr
 }

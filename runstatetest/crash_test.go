@@ -286,3 +286,28 @@ func TestCrashAtNeedsARun(t *testing.T) {
 	_, err = runstatetest.ParsePoint("nowhere")
 	assert.Error(t, err)
 }
+
+// TestCrashAtErrorNamesTheCrossing: the error of a call that crossed an
+// armed point names the point, and the stage or key when the crossing has
+// one, with no trailing space. A batch with no stage (Plan) read
+// "... (simulated): between-projections ".
+func TestCrashAtErrorNamesTheCrossing(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		want string
+		call func(r *runstate.Run) error
+	}{
+		{"between-projections", func(r *runstate.Run) error { return r.Plan(ctx, "a", "b") }},
+		{"after-begin a", func(r *runstate.Run) error { _, err := r.Begin(ctx, "a"); return err }},
+	} {
+		r, err := runstate.Open(t.TempDir(), &runstate.Options{Request: "crash message", NoSync: true})
+		require.NoError(t, err)
+		p, err := runstatetest.ParsePoint(strings.Fields(c.want)[0])
+		require.NoError(t, err)
+		runstatetest.CrashAt(r, runstatetest.At{Point: p})
+		err = c.call(r)
+		require.ErrorIs(t, err, runstatetest.ErrCrashed)
+		assert.True(t, strings.HasSuffix(err.Error(), "(simulated): "+c.want), "%q", err.Error())
+		require.NoError(t, r.Close())
+	}
+}
