@@ -957,6 +957,23 @@ func TestStageOutput(t *testing.T) {
 	assert.Empty(t, events(checkLedger(t, dir), "complete", "missing"))
 }
 
+// TestDoOfItsOwnStageFromFn: a fn that calls Do of its own stage gets
+// ErrBusy that says the stage runs in this session because its Stage has
+// not ended, and what not to do. It said "wait for it to end (if that
+// process died ...)": from inside fn, waiting never ends.
+func TestDoOfItsOwnStageFromFn(t *testing.T) {
+	ctx := context.Background()
+	r, _ := newTestRun(t)
+	var inner error
+	require.NoError(t, r.Do(ctx, "s", func(ctx context.Context, _ *runstate.Stage) error {
+		inner = r.Do(ctx, "s", func(context.Context, *runstate.Stage) error { return nil })
+		return nil
+	}))
+	require.ErrorIs(t, inner, runstate.ErrBusy)
+	assert.Contains(t, inner.Error(), "s attempt 1 is running in this session: its Stage has not ended (Complete, Fail or Await it; a Do's fn must not Do or Begin its own stage)")
+	assert.NotContains(t, inner.Error(), "process died")
+}
+
 // TestDoWithoutFnIsRefused: Do with a nil fn is ErrInvalid, with nothing
 // recorded, as Effect without a Do is. It began the stage, then recorded
 // the nil pointer dereference as a failed attempt, counted toward

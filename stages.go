@@ -421,11 +421,13 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 					orphan = o
 					recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt, Reason: reason})
 				} else if r.alive(st.Session) {
-					who := "another session (" + st.Session + ")"
 					if st.Session == r.session {
-						who = "this session"
+						// Never a dead process: a Stage of this Run that has
+						// not ended (a fn calling Do of its own stage, a
+						// Begin whose Stage was dropped, two goroutines).
+						return nil, fmt.Errorf("%w: %s attempt %d is running in this session: its Stage has not ended (Complete, Fail or Await it; a Do's fn must not Do or Begin its own stage)", ErrBusy, name, st.Attempt)
 					}
-					return nil, fmt.Errorf("%w: %s attempt %d is running in %s: wait for it to end (if that process died, the next Begin records it as interrupted and runs it again)", ErrBusy, name, st.Attempt, who)
+					return nil, fmt.Errorf("%w: %s attempt %d is running in another session (%s): wait for it to end (if that process died, the next Begin records it as interrupted and runs it again)", ErrBusy, name, st.Attempt, st.Session)
 				} else {
 					recs = append(recs, &Record{Ev: evInterrupted, Stage: name, Attempt: st.Attempt,
 						Reason: "session " + st.Session + " is gone"})
