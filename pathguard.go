@@ -96,8 +96,10 @@ func ownEntryError(p, rel string, fi fs.FileInfo) error {
 			ErrInvalid, p, to)}
 	case t&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice|fs.ModeSocket) != 0:
 		return &ownFileError{fmt.Sprintf("%v: %s is %s, not runstate's file: move it away, then run again", ErrInvalid, p, kindOf(fi.Mode()))}
-	case isDir && !fi.IsDir():
-		return &ownFileError{fmt.Sprintf("%v: %s is a file, not a directory: runstate keeps %s in it; move the file away (runstate creates the directory), then run again",
+	case isDir && fi.Mode().IsRegular():
+		// Not any non-directory: Windows reports some directories (a
+		// mount point, a cloud-synced folder) as irregular, not as ones.
+		return &ownFileError{fmt.Sprintf("%v: %s is a file, not a directory: runstate keeps %s in it; move it away (runstate creates the directory), then run again",
 			ErrInvalid, p, ownDirs[rel])}
 	case !isDir && fi.IsDir() && rel != manifestFile && rel != nextStepsFile:
 		// A projection that is a directory is not written, and Open
@@ -124,7 +126,7 @@ func notOwnFile(err error) bool {
 // openOwn opens runstate's own file rel (one of ownEntries) of the run in
 // dir as openRegularIn opens a file, but only where it is: a symbolic link
 // at its name or at logs/ is refused without being followed, as Open
-// refuses it (ownEntryError), and so is a logs/ that is not a directory.
+// refuses it (ownEntryError), and so is a logs/ that is a file.
 // The readers (Inspect, NextSteps, ReadLedger, Verify) open runstate's
 // files through it, so that a run directory whose logs/ledger.jsonl links
 // to /etc/shadow, or whose logs/ links to a file system that never
@@ -148,8 +150,8 @@ func readOwn(fsys fileSystem, dir, rel string, limit int64) ([]byte, error) {
 }
 
 // ownNotLinked is the error for runstate's own file rel of the run in dir
-// when it, or logs/ on the way to it, is a symbolic link, or logs/ is not
-// a directory (ownEntryError); nil otherwise, a missing one included (an
+// when it, or logs/ on the way to it, is a symbolic link, or logs/ is a
+// file (ownEntryError); nil otherwise, a missing one included (an
 // open says so).
 func ownNotLinked(dir, rel string) error {
 	steps := []string{rel}
@@ -162,7 +164,7 @@ func ownNotLinked(dir, rel string) error {
 		if err != nil {
 			return nil
 		}
-		if fi.Mode().Type()&fs.ModeSymlink != 0 || (r != rel && !fi.IsDir()) {
+		if fi.Mode().Type()&fs.ModeSymlink != 0 || (r != rel && fi.Mode().IsRegular()) {
 			return ownEntryError(p, r, fi)
 		}
 	}

@@ -305,10 +305,10 @@ func TestOwnFilesOfTheWrongKindAreNamed(t *testing.T) {
 		rel, want string
 		dir       bool // make rel a directory, not a file
 	}{
-		{rel: "logs", want: "is a file, not a directory: runstate keeps the ledger and its other files in it; move the file away"},
-		{rel: "logs/tmp", want: "is a file, not a directory: runstate keeps the temp files of atomic writes in it; move the file away"},
-		{rel: "logs/sessions", want: "is a file, not a directory: runstate keeps the open sessions' lock files in it; move the file away"},
-		{rel: "logs/handoff", want: "is a file, not a directory: runstate keeps the open sessions' copies of next-steps.txt in it; move the file away"},
+		{rel: "logs", want: "is a file, not a directory: runstate keeps the ledger and its other files in it; move it away"},
+		{rel: "logs/tmp", want: "is a file, not a directory: runstate keeps the temp files of atomic writes in it; move it away"},
+		{rel: "logs/sessions", want: "is a file, not a directory: runstate keeps the open sessions' lock files in it; move it away"},
+		{rel: "logs/handoff", want: "is a file, not a directory: runstate keeps the open sessions' copies of next-steps.txt in it; move it away"},
 		{rel: "logs/ledger.wal", dir: true, want: "is a directory, not runstate's file: move it away"},
 		{rel: "logs/ledger.lock", dir: true, want: "is a directory, not runstate's file: move it away"},
 		{rel: "logs/run.json", dir: true, want: "is a directory, not runstate's file: move it away"},
