@@ -85,12 +85,21 @@ const maxHandoff = 32 << 20
 
 // readHandoff reads the handoff file p, which must be a regular file (a
 // FIFO would block, a device such as /dev/zero never end, and a device
-// may act on open: one is not opened) of maxHandoff bytes at most.
+// may act on open: one is not opened) of maxHandoff bytes at most, where
+// it is: neither it nor the logs directory it is in may be a symbolic
+// link, which the library's readers do not follow either (another run's
+// handoff, or any file, would be shown as this run's).
 func readHandoff(p string) ([]byte, error) {
+	for _, q := range []string{filepath.Dir(p), p} {
+		if fi, err := os.Lstat(q); err == nil && fi.Mode().Type()&fs.ModeSymlink != 0 {
+			to, _ := os.Readlink(q)
+			return nil, fmt.Errorf("%s is a symbolic link (to %q), which runstate does not follow: replace the link with what it points to", filepath.Base(q), to)
+		}
+	}
 	if fi, err := os.Stat(p); err == nil && !fi.Mode().IsRegular() {
 		return nil, notRegular(fi)
 	}
-	f, err := os.OpenFile(p, os.O_RDONLY|oNonblock, 0)
+	f, err := os.OpenFile(p, os.O_RDONLY|oNonblock|oNoFollow, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func watchOpen(t *testing.T, p string) <-chan struct{} {
 }
 
 // logs/next-steps.txt that is not a file runstate wrote — a FIFO, a link
-// to /dev/zero, a file far larger than any handoff — neither blocks
+// to /dev/zero or to another run's handoff, a file far larger than any handoff — neither blocks
 // 'runstate next' nor makes it read without bound: it shows the handoff
 // rebuilt from the ledger and says why.
 func TestNextNeverBlocksOnAHandoffThatIsNotAFile(t *testing.T) {
@@ -72,7 +72,14 @@ func TestNextNeverBlocksOnAHandoffThatIsNotAFile(t *testing.T) {
 		why  string
 	}{
 		{"fifo", func(p string) error { return syscall.Mkfifo(p, 0o644) }, "not a regular file"},
-		{"dev-zero", func(p string) error { return os.Symlink("/dev/zero", p) }, "not a regular file"},
+		// Links are refused before they are followed: the library's
+		// readers do not follow one either.
+		{"dev-zero", func(p string) error { return os.Symlink("/dev/zero", p) }, "symbolic link"},
+		{"another-runs", func(p string) error {
+			// A handoff of the same seq, another run's: it was shown
+			// as this run's.
+			return os.Symlink(filepath.Join(healthyRun(t), "logs", "next-steps.txt"), p)
+		}, "symbolic link"},
 		{"huge", func(p string) error {
 			f, err := os.Create(p)
 			if err != nil {
