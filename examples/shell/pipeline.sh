@@ -26,4 +26,5 @@ runstate plan ${at[@]+"${at[@]}"} "$run" -request "vet, test and report on a Go 
 runstate exec "$run" vet "${in[@]}" -- go vet ./...
 runstate exec "$run" test "${in[@]}" -after vet -out "$run/cover.out" -- go test -count=1 -coverprofile "$run/cover.out" ./...
 runstate exec "$run" report -after test -- go tool cover -func "$run/cover.out"
-runstate effect "$run" notify:report -check "'$notify' check '$outbox'" -- "$notify" send "$outbox" "$run/exec/report.stdout"
+# -check is one string that sh runs: printf %q quotes each word for it.
+runstate effect "$run" notify:report -check "$(printf '%q ' "$notify" check "$outbox")" -- "$notify" send "$outbox" "$run/exec/report.stdout"

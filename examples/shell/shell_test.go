@@ -105,10 +105,14 @@ func outboxLines(t *testing.T, outbox string) []string {
 
 // The pipeline, SIGKILLed (the whole process group) at several moments and
 // started again each time, ends with the outputs of an uninterrupted run;
-// no completed stage is redone and the notification is sent once.
+// no completed stage is redone and the notification is sent once, also
+// where the run's path holds a quote.
 func TestPipelineSurvivesKills(t *testing.T) {
 	e := setup(t)
-	work := t.TempDir()
+	// A quote and a space in every path the script quotes: the effect's
+	// -check command is one string that sh parses.
+	work := filepath.Join(t.TempDir(), "it's a dir")
+	require.NoError(t, os.Mkdir(work, 0o755))
 
 	refRun, refOutbox := filepath.Join(work, "ref"), filepath.Join(work, "ref-outbox")
 	e.complete(t, refRun, refOutbox)
