@@ -348,7 +348,7 @@ func lsOne(ctx context.Context, src Source, now time.Time) lsRun {
 		r.State = "unknown"
 		r.Blocker = &runstate.Blocker{Kind: "unknown", Stage: unknown.Name,
 			Reason: fmt.Sprintf("cannot tell whether session %s, which began attempt %d, is alive (%v)", short(unknown.Session), unknown.Attempt, unsure[unknown.Session]),
-			Action: "run ls or status as the user that runs the run's sessions: it tells a running stage from an interrupted one"}
+			Action: unsureAction(unsure[unknown.Session], "run ls or status as the user that runs the run's sessions: it tells a running stage from an interrupted one")}
 	case failed != nil:
 		r.State = "failed"
 		r.Blocker = &runstate.Blocker{Kind: "failed", Stage: failed.Name, Reason: failed.Error,

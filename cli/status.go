@@ -107,7 +107,7 @@ func (c *cli) status(ctx context.Context, src Source, asJSON bool) int {
 	// Sessions taken for alive because their lock could not be tried.
 	var unsureNotes []string
 	for _, id := range slices.Sorted(maps.Keys(unsure)) {
-		unsureNotes = append(unsureNotes, fmt.Sprintf("cannot tell whether session %s is alive (%v): it is taken for alive, so a stage it began is not shown interrupted; run status as the user that runs the run's sessions", short(id), unsure[id]))
+		unsureNotes = append(unsureNotes, fmt.Sprintf("cannot tell whether session %s is alive (%v): it is taken for alive, so a stage it began is not shown interrupted; %s", short(id), unsure[id], unsureAction(unsure[id], "run status as the user that runs the run's sessions")))
 	}
 	if asJSON {
 		for _, n := range unsureNotes {
@@ -280,6 +280,17 @@ func sessionsAlive(ctx context.Context, src Source, st *runstate.Status) map[str
 // that this user cannot open).
 type unsurer interface {
 	Unsure(sessions []string) map[string]error
+}
+
+// unsureAction is what to do about a session whose liveness a Source
+// could not tell, why: why's own Action when it has one (a store that
+// knows when it can tell), else def.
+func unsureAction(why error, def string) string {
+	var a interface{ Action() string }
+	if errors.As(why, &a) {
+		return a.Action()
+	}
+	return def
 }
 
 // unsureOf returns, of the sessions alive says are alive, those src could

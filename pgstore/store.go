@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -216,6 +217,49 @@ func (s *store) Live(ctx context.Context, sessions []string) (map[string]bool, e
 		out[id] = live[keys[i]]
 	}
 	return out, nil
+}
+
+// Grace is what RestartGrace found: the server restarted less than the
+// grace ago (10 s), and Sessions, of those asked, opened before the
+// restart and have not taken their locks again, so that Live answers
+// them alive without knowing: each may be reconnecting, or may have died
+// with the server.
+type Grace struct {
+	Ago      time.Duration // since the server started, by its clock
+	Left     time.Duration // until the grace ends: then Live answers by the locks alone
+	Sessions []string
+}
+
+// RestartGrace reports which of sessions Live (and a Batch's Alive)
+// answers alive only because the server restarted less than the grace
+// ago, as a status command must say that it cannot tell yet: nil when the
+// server started longer ago, or when every one of sessions holds its lock
+// or opened after the restart. Like Live it reads pg_locks and the
+// sessions table, takes no lock and writes nothing. Safe for concurrent
+// use.
+func (db *DB) RestartGrace(ctx context.Context, sessions []string) (*Grace, error) {
+	keys := make([]int64, len(sessions))
+	pipes := make([]int64, len(sessions))
+	for i, id := range sessions {
+		keys[i], pipes[i] = lockKey(id), pipeKey(id)
+	}
+	var ago float64
+	var unsure []string
+	err := db.pool.QueryRow(ctx, db.sql(`SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8,
+		coalesce(array_agg(u.id) FILTER (WHERE EXISTS (SELECT 1 FROM {s}.sessions WHERE id::text = u.id AND opened < pg_postmaster_start_time())
+		AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock'
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND l.objsubid = 1 AND ((l.classid = ((k >> 32) & 4294967295)::oid AND l.objid = (k & 4294967295)::oid)
+			OR (l.classid = ((p >> 32) & 4294967295)::oid AND l.objid = (p & 4294967295)::oid)))), '{}')
+		FROM unnest($1::bigint[], $2::text[], $3::bigint[]) u(k, id, p)`), keys, sessions, pipes).Scan(&ago, &unsure)
+	if err != nil {
+		return nil, db.connectError(err)
+	}
+	up := time.Duration(ago * float64(time.Second))
+	if up >= grace || len(unsure) == 0 {
+		return nil, nil
+	}
+	return &Grace{Ago: up, Left: grace - up, Sessions: unsure}, nil
 }
 
 // Blobs returns the run's output store: the database's blobs tables.

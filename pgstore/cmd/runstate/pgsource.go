@@ -436,6 +436,42 @@ func (s *pgSource) Alive(ctx context.Context, sessions []string) map[string]bool
 	return live
 }
 
+// Unsure says, of sessions that Alive took for alive, those it could not
+// tell: for a server that restarted less than pgstore's grace ago, the
+// sessions that held their locks before the restart and have not taken
+// them again (reconnecting, or dead with the server), with when it can
+// tell (cli's unsurer). None when the server cannot be asked.
+func (s *pgSource) Unsure(sessions []string) map[string]error {
+	g, err := s.db.RestartGrace(context.Background(), sessions)
+	if err != nil || g == nil {
+		return nil
+	}
+	why := make(map[string]error, len(g.Sessions))
+	for _, id := range g.Sessions {
+		why[id] = &graceError{ago: g.Ago, left: g.Left}
+	}
+	return why
+}
+
+// graceError is why status cannot tell whether a session is alive: the
+// server restarted ago, and for left more a session that held its lock
+// before may still take it again. Action is what to do (cli reads it).
+type graceError struct{ ago, left time.Duration }
+
+func (e *graceError) Error() string {
+	return fmt.Sprintf("the server restarted %s ago, and a session that held its lock before has %s from the restart to take it again: it is known alive or gone at %s UTC",
+		secs(e.ago), secs(e.ago+e.left), time.Now().Add(e.left).UTC().Format(time.TimeOnly))
+}
+
+func (e *graceError) Action() string {
+	return fmt.Sprintf("run status again in %s, when the session is known alive or gone (a stage it began is then shown running or interrupted)", secs(e.left))
+}
+
+// secs is d in whole seconds, rounded up ("1 s" for less).
+func secs(d time.Duration) string {
+	return fmt.Sprintf("%d s", (d+time.Second-1)/time.Second)
+}
+
 // lines calls fn with each record line after seq after, checking the
 // chain from c (the state after seq after).
 func (s *pgSource) lines(ctx context.Context, c *cli.Chain, fn func(line []byte, r *runstate.Record) error) error {

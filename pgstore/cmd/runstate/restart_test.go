@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runstate/runstate"
+	"github.com/runstate/runstate/pgstore"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ownServer is a PostgreSQL server of one test's own, for a test that
+// restarts it: started from RUNSTATE_PG_BIN in a temporary data
+// directory, stopped and removed at the test's end.
+type ownServer struct {
+	bin, data string
+	port      int
+	as        []string
+}
+
+// startOwnServer initdbs and starts a server on 127.0.0.1. Without
+// RUNSTATE_PG_BIN the test skips, except under CI, where it fails.
+func startOwnServer(t *testing.T) *ownServer {
+	t.Helper()
+	bin := os.Getenv("RUNSTATE_PG_BIN")
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI is set but RUNSTATE_PG_BIN is not: this test restarts a server of its own (.ci/run and pgstore/testdb.sh set it)")
+		}
+		t.Skip("RUNSTATE_PG_BIN is not set (the directory of PostgreSQL's initdb and pg_ctl)")
+	}
+	data, err := os.MkdirTemp("", "runstate-pgcli-server-")
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := &ownServer{bin: bin, data: data, port: ln.Addr().(*net.TCPAddr).Port}
+	ln.Close()
+	if os.Geteuid() == 0 { // initdb and postgres refuse to run as root
+		u, err := user.Lookup("postgres")
+		require.NoError(t, err, "running as root, the test server needs a user postgres to run as")
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		require.NoError(t, os.Chown(data, uid, gid))
+		s.as = []string{"runuser", "-u", "postgres", "--"}
+	}
+	t.Cleanup(func() {
+		s.pgctl(t, "-m", "immediate", "-w", "stop")
+		os.RemoveAll(s.data)
+	})
+	argv := append(append([]string(nil), s.as...), filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale")
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	require.NoError(t, err, "initdb: %s", out)
+	s.start(t)
+	return s
+}
+
+func (s *ownServer) pgctl(t *testing.T, args ...string) error {
+	argv := append(append(append([]string(nil), s.as...), filepath.Join(s.bin, "pg_ctl"), "-D", s.data), args...)
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (s *ownServer) start(t *testing.T) {
+	t.Helper()
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=100", s.port, s.data)
+	require.NoError(t, s.pgctl(t, "-l", filepath.Join(s.data, "server.log"), "-w", "-t", "60", "-o", opts, "start"))
+}
+
+func (s *ownServer) dsn() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
+}
+
+// For pgstore's grace after a server restart (10 s in which a session
+// that held its lock before is not taken for gone), status says that it
+// cannot tell whether such a session is alive, and when it can: it does
+// not call the session alive, nor its stage interrupted, in text, -json
+// (a note on standard error, no blocker) or ls. After the grace the stage
+// is interrupted.
+func TestStatusInTheRestartGraceSaysItCannotTellYet(t *testing.T) {
+	srv := startOwnServer(t)
+	dsn := srv.dsn()
+	addr := address(dsn, "grace")
+	w := filepath.Join(t.TempDir(), "w")
+	res := runIn("plan", w, "-at", addr, "-request", "a server restart", "build")
+	require.Equal(t, 0, res.code, res.err)
+	db, err := pgstore.ConnectReadOnly(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	running := func() bool {
+		st, err := db.Inspect(context.Background(), "grace")
+		if err != nil {
+			return false
+		}
+		s, _ := st.Stage("build")
+		return s.State == runstate.StateRunning
+	}
+	cmd := exec.Command(bin, "exec", w, "build", "--", "sleep", "60")
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill()
+	waitFor(t, "stage build running", running)
+	st, err := db.Inspect(context.Background(), "grace")
+	require.NoError(t, err)
+	s, _ := st.Stage("build")
+	id := s.Session
+	db.Close()
+
+	// The server restarts, and the session dies meanwhile (a fast stop
+	// writes out the begin, which its session committed lazily).
+	require.NoError(t, srv.pgctl(t, "-m", "fast", "-w", "stop"))
+	require.NoError(t, cmd.Process.Kill())
+	cmd.Wait()
+	srv.start(t)
+	started := time.Now()
+
+	res = runIn("status", addr)
+	res2 := runIn("status", "-json", addr)
+	ls := runIn("ls", "-json", addr)
+	if time.Since(started) > 9*time.Second {
+		t.Fatalf("the status commands took %v: past the grace, they cannot show it", time.Since(started))
+	}
+	assert.Equal(t, 0, res.code, "nothing is known to block the run yet: %s%s", res.out, res.err)
+	short := strings.ReplaceAll(id, "-", "")[24:] // as status shows it
+	assert.Contains(t, res.out, "("+"pid ")
+	assert.Contains(t, res.out, ", alive or gone: cannot tell)")
+	assert.NotRegexp(t, `, alive\)`, res.out)
+	assert.Regexp(t, `note      cannot tell whether session `+short+` is alive \(the server restarted \d+ s ago, and a session that held its lock before has 10 s from the restart to take it again: it is known alive or gone at \d\d:\d\d:\d\d UTC\): it is taken for alive, so a stage it began is not shown interrupted; run status again in \d+ s, when the session is known alive or gone`, res.out)
+	assert.NotContains(t, res.out, "as the user that runs")
+	assert.Contains(t, res.out, "blockers  none")
+
+	assert.Equal(t, 0, res2.code, res2.err)
+	assert.Regexp(t, `runstate: cannot tell whether session `+short+` is alive \(the server restarted \d+ s ago`, res2.err)
+	var js statusJSON
+	require.NoError(t, json.Unmarshal([]byte(res2.out), &js), res2.out)
+	assert.False(t, js.Blocked)
+	assert.Empty(t, js.Blockers)
+
+	assert.Equal(t, 0, ls.code, ls.out+ls.err)
+	var runs []struct {
+		State   string
+		Blocker *runstate.Blocker
+	}
+	require.NoError(t, json.Unmarshal([]byte(ls.out), &runs), ls.out)
+	require.Len(t, runs, 1)
+	assert.Equal(t, "unknown", runs[0].State)
+	if assert.NotNil(t, runs[0].Blocker) {
+		assert.Contains(t, runs[0].Blocker.Reason, "the server restarted ")
+		assert.Regexp(t, `^run status again in \d+ s`, runs[0].Blocker.Action)
+	}
+
+	// After the grace: the session is gone, the stage interrupted.
+	time.Sleep(time.Until(started.Add(10 * time.Second)))
+	for {
+		res = runIn("status", addr)
+		if res.code == exitBlocked || time.Since(started) > 30*time.Second {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	assert.Equal(t, exitBlocked, res.code, res.out+res.err)
+	assert.Contains(t, res.out, ", gone)")
+	assert.Contains(t, res.out, "build (interrupted): attempt 1's session "+short+" is gone")
+	assert.NotContains(t, res.out, "cannot tell")
+}
+
+// statusJSON is the part of status -json the tests read.
+type statusJSON struct {
+	Blocked  bool               `json:"blocked"`
+	Blockers []runstate.Blocker `json:"blockers"`
+}
+
+const exitBlocked = 3
