@@ -51,6 +51,17 @@ const (
 	retryEvery = time.Second
 )
 
+// noAnswer is how long log -follow waits for the server's next row, or the
+// end of a read, before it takes the server for not answering (a backend
+// stopped or hung, a server that accepts but never replies; the
+// connection's keepalives still succeed then): it ends the read and tries
+// again, as for a lost connection. The time its output takes (a paused
+// pager) does not count.
+const noAnswer = 10 * time.Second
+
+// errNoAnswer ends a read that the server did not answer within noAnswer.
+var errNoAnswer = fmt.Errorf("the server did not answer a read of the run's records within %v (a server or backend stopped or hung)", noAnswer)
+
 // openPG connects to the database addr names and returns its run.
 func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	dsn, run, err := splitRun(addr)
@@ -252,7 +263,7 @@ func listPG(ctx context.Context, addr string) ([]cli.Source, func(), error) {
 	for i, name := range names {
 		srcs[i] = &pgSource{addr: db.Address(name), run: name, db: db}
 	}
-	return srcs, db.Close, nil
+	return srcs, func() { closeSoon(db) }, nil
 }
 
 // LastRecord is the time of record seq, the run's last (ls): one line
@@ -487,24 +498,38 @@ func (s *pgSource) lines(ctx context.Context, c *cli.Chain, fn func(line []byte,
 	return s.wrap(err)
 }
 
+// watched is lines with a watchdog: when the server sends no row, nor the
+// read's end, for noAnswer while the read waits on it, the read is ended
+// (pgx drops its connection) with an error wrapping errNoAnswer. The time
+// fn takes does not count.
+func (s *pgSource) watched(ctx context.Context, c *cli.Chain, fn func(line []byte, r *runstate.Record) error) error {
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	dog := time.AfterFunc(noAnswer, func() { cancel(errNoAnswer) })
+	defer dog.Stop()
+	err := s.lines(wctx, c, func(line []byte, r *runstate.Record) error {
+		if !dog.Stop() {
+			return errNoAnswer
+		}
+		err := fn(line, r)
+		dog.Reset(noAnswer)
+		return err
+	})
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errNoAnswer) {
+		return &addrError{addr: s.addr, err: errNoAnswer}
+	}
+	return err
+}
+
 // Follow reads the records after the last one shown every pollEvery.
 // While the server does not answer (a restart, a connection ended by
-// pg_terminate_backend or a failover), it says so once and tries again
+// pg_terminate_backend or a failover, a read left unanswered for
+// noAnswer), it says so once and tries again
 // every retryEvery, then says when it answers again and goes on after the
 // last record shown: nothing is shown twice or left out.
 func (s *pgSource) Follow(ctx context.Context, after int64, fn func(*runstate.Record) error) error {
 	var c cli.Chain
-	if after > 0 { // the chain up to the last record shown
-		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error {
-			if r.Seq == after {
-				return errStop
-			}
-			return nil
-		})
-		if err != nil && !errors.Is(err, errStop) {
-			return err
-		}
-	}
+	caught := after <= 0 // c holds the chain up to the last record shown
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	var down time.Time // when the last read failed for want of the server; zero while it answers
@@ -523,10 +548,24 @@ func (s *pgSource) Follow(ctx context.Context, after int64, fn func(*runstate.Re
 				down = time.Time{}
 			}
 		}
-		err := s.lines(ctx, &c, func(_ []byte, r *runstate.Record) error {
-			up(r.Seq - 1)
-			return fn(r)
-		})
+		var err error
+		if !caught { // read, not shown, up to after
+			err = s.watched(ctx, &c, func(_ []byte, r *runstate.Record) error {
+				if r.Seq == after {
+					return errStop
+				}
+				return nil
+			})
+			if err == nil || errors.Is(err, errStop) {
+				caught, err = true, nil
+			}
+		}
+		if caught {
+			err = s.watched(ctx, &c, func(_ []byte, r *runstate.Record) error {
+				up(r.Seq - 1)
+				return fn(r)
+			})
+		}
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil
@@ -551,7 +590,7 @@ func connLost(err error) bool {
 	if errors.As(err, &pe) { // 08: connection exception; 57P: operator intervention (shutdown, terminated, starting up)
 		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
 	}
-	return errors.As(err, new(*pgconn.ConnectError)) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+	return errors.Is(err, errNoAnswer) || errors.As(err, new(*pgconn.ConnectError)) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		errors.As(err, new(net.Error)) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
 }
 
@@ -590,9 +629,29 @@ func (s *pgSource) Open(ctx context.Context, opts *runstate.Options) (*runstate.
 }
 
 func (s *pgSource) Close() error {
-	s.db.Close()
+	closeSoon(s.db)
 	if s.work != "" {
 		return os.RemoveAll(s.work)
 	}
 	return nil
+}
+
+// closeWait is how long closeSoon waits for the pool to close.
+const closeWait = time.Second
+
+// closeSoon closes db, waiting at most closeWait: a read ended because
+// the server did not answer (log -follow's noAnswer, Ctrl-C) leaves pgx
+// waiting up to 15 s for that connection's server to hang up, which the
+// command, about to exit, need not. The rest of the close goes on while
+// the process lives.
+func closeSoon(db *pgstore.DB) {
+	done := make(chan struct{})
+	go func() {
+		db.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+	}
 }

@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 import (
@@ -11,9 +13,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/pgstore"
 	"github.com/stretchr/testify/assert"
@@ -183,3 +187,83 @@ type statusJSON struct {
 }
 
 const exitBlocked = 3
+
+// log -follow whose server stops answering (its backend stopped: the
+// connection stays open and its keepalives answer, but no reply comes)
+// says so within noAnswer and some, tries again on a new connection, and
+// shows every record appended meanwhile once; SIGINT still ends it with 0.
+func TestLogFollowSaysWhenTheServerDoesNotAnswer(t *testing.T) {
+	srv := startOwnServer(t)
+	dsn := srv.dsn()
+	ctx := context.Background()
+	db, err := pgstore.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	w := filepath.Join(t.TempDir(), "w")
+	r, err := db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+
+	app := "frozen-follower"
+	cmd := exec.Command(bin, "log", "-follow", address(dsn+"&application_name="+app, "one"))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
+	require.NoError(t, cmd.Start())
+	defer cmd.Process.Kill()
+	lines := lineChan(out)
+	next := func(within time.Duration) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the follower ended: %s", errb.String())
+			return l
+		case <-time.After(within):
+			t.Fatalf("after %v the follower printed nothing more; stderr %s", within, errb.String())
+		}
+		return ""
+	}
+	for _, ev := range []string{"create", "open", "close"} {
+		assert.Contains(t, next(10*time.Second), "  "+ev+" ")
+	}
+	time.Sleep(3 * pollEvery) // it polls
+
+	// Stop the follower's backends (SIGSTOP: the kernel still answers
+	// for their sockets).
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var pids []int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity WHERE application_name = $1", app).Scan(&pids))
+	require.NotEmpty(t, pids, "the follower's backends")
+	for _, pid := range pids {
+		require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	}
+	stopped := time.Now()
+	for !strings.Contains(errb.String(), "did not answer") {
+		if time.Since(stopped) > noAnswer+10*time.Second {
+			t.Fatalf("%v after its backends stopped, the follower has not said that the server does not answer; stderr %s", time.Since(stopped), errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	assert.GreaterOrEqual(t, time.Since(stopped), noAnswer-pollEvery, "the note came before the server was given noAnswer")
+
+	r, err = db.Open(ctx, "one", w, &runstate.Options{Request: "the first run"})
+	require.NoError(t, err)
+	require.NoError(t, r.Skip(ctx, "docs", "nothing to document"))
+	require.NoError(t, r.Close())
+	for _, ev := range []string{"  4  .*  open ", "  5  .*  skip +docs +nothing to document$", "  6  .*  close "} {
+		assert.Regexp(t, ev, next(noAnswer+10*time.Second))
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	sig := time.Now()
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT; stderr %s", errb.String())
+	assert.Less(t, time.Since(sig), closeWait+3*time.Second, "the follower exits soon after SIGINT")
+	assert.Contains(t, errb.String(), "the server did not answer a read of the run's records within 10s (a server or backend stopped or hung); runstate log -follow tries again every 1s until the server answers")
+	assert.Contains(t, errb.String(), "the server answers again: following the run after seq 3")
+	for l := range lines {
+		t.Errorf("a line after SIGINT: %s", l)
+	}
+}
