@@ -277,7 +277,9 @@ func sessionsAlive(ctx context.Context, src Source, st *runstate.Status) map[str
 
 // unsurer is a Source that says which sessions its Alive took for alive
 // only because it could not tell (a run directory's session lock file
-// that this user cannot open).
+// that this user cannot open; a database server restarted so recently
+// that its sessions may still be taking their locks again), with why: an
+// error that may say what to do with an Action() string method.
 type unsurer interface {
 	Unsure(sessions []string) map[string]error
 }

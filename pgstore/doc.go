@@ -84,7 +84,9 @@
 // 10 runs), or about 10 s after its last good ping when the server stays
 // out of reach (measured 9.9 s after the cut). A
 // server that started less than 10 s ago lost every lock with its restart:
-// within that grace a session opened before the restart counts as alive.
+// within that grace a session opened before the restart counts as alive
+// (DB.RestartGrace names those that have not taken their locks again, for
+// a status that must say it cannot tell yet).
 //
 // # A session alone on its run
 //

@@ -14,7 +14,10 @@
 // The read commands take no lock and hold no session; status asks the
 // server's pg_locks whether a session's advisory lock is held. log -follow
 // polls the run's records every 100 ms (and, while the server does not
-// answer, says so and tries again every second). export writes the records' lines,
+// answer, or leaves a read unanswered for 10 s, says so and tries again
+// every second). For 10 s after a server restart, status says that it
+// cannot tell whether a session opened before it is alive, and when it
+// can (pgstore.DB.RestartGrace). export writes the records' lines,
 // byte for byte: a valid logs/ledger.jsonl. The operator commands open a
 // short session with a temporary local working directory, removed after.
 // ls also takes a database's address without run=NAME,
