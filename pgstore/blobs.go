@@ -147,7 +147,15 @@ func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, er
 		}
 		sums = append(sums, sum)
 	}
-	rows, err := b.db.pool.Query(ctx, b.db.sql(`SELECT sha256 FROM {s}.blobs WHERE sha256 = ANY($1)`), sums)
+	var held [][]byte
+	err := retryConn(ctx, func() error { // a read: again after a restart
+		rows, err := b.db.pool.Query(ctx, b.db.sql(`SELECT sha256 FROM {s}.blobs WHERE sha256 = ANY($1)`), sums)
+		if err != nil {
+			return err
+		}
+		held, err = pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		return err
+	})
 	if err != nil {
 		return nil, b.db.rightsError("look up blobs", err)
 	}
@@ -157,15 +165,8 @@ func (b *blobStore) Missing(ctx context.Context, sha256s []string) ([]string, er
 		have[hex.EncodeToString(p.sum)] = true
 	}
 	b.mu.Unlock()
-	for rows.Next() {
-		var sum []byte
-		if err := rows.Scan(&sum); err != nil {
-			return nil, err
-		}
+	for _, sum := range held {
 		have[hex.EncodeToString(sum)] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, b.db.rightsError("look up blobs", err)
 	}
 	var missing []string
 	for _, s := range sha256s {
@@ -284,14 +285,19 @@ func (b *blobStore) putSmall(ctx context.Context, sum string, want []byte, size 
 	if err != nil {
 		return err
 	}
-	var pb pgx.Batch
-	pb.Queue(beginSQL)
-	pb.Queue("SET LOCAL synchronous_commit = off")
-	pb.Queue(noTimeoutsSQL)
-	pb.Queue(b.db.sql(putChunkSQL), want, 0, data)
-	pb.Queue(b.db.sql(putBlobSQL), want, size, 1)
-	pb.Queue("COMMIT")
-	if err := b.db.pool.SendBatch(ctx, &pb).Close(); err != nil {
+	// Idempotent: again after a restart (a pgx.Batch of its own each
+	// time: a sent one is not sent again as it was).
+	err = retryConn(ctx, func() error {
+		var pb pgx.Batch
+		pb.Queue(beginSQL)
+		pb.Queue("SET LOCAL synchronous_commit = off")
+		pb.Queue(noTimeoutsSQL)
+		pb.Queue(b.db.sql(putChunkSQL), want, 0, data)
+		pb.Queue(b.db.sql(putBlobSQL), want, size, 1)
+		pb.Queue("COMMIT")
+		return b.db.pool.SendBatch(ctx, &pb).Close()
+	})
+	if err != nil {
 		return b.db.rightsError("store blob "+sum, err)
 	}
 	return nil
@@ -326,8 +332,10 @@ func (b *blobStore) Get(ctx context.Context, sum string) (io.ReadCloser, error) 
 	// An outputs row first: the database checked its bytes' hash
 	// (outputs_data_sum), where a blob's chunks may have been damaged
 	// since they were put.
-	err = b.db.pool.QueryRow(ctx, b.db.sql(`(SELECT size, 0, data FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL LIMIT 1)
+	err = retryConn(ctx, func() error { // a read: again after a restart
+		return b.db.pool.QueryRow(ctx, b.db.sql(`(SELECT size, 0, data FROM {s}.outputs WHERE sha256 = $1 AND data IS NOT NULL LIMIT 1)
 		UNION ALL SELECT size, chunks, NULL FROM {s}.blobs WHERE sha256 = $1 LIMIT 1`), want).Scan(&size, &chunks, &data)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgstore: blob %s is neither in %s.blobs nor in an outputs row: %w", sum, b.db.schema, errNotExist)
 	} else if err != nil {
@@ -380,7 +388,9 @@ func (r *blobReader) Read(p []byte) (int, error) {
 			continue
 		}
 		var data []byte
-		err := r.b.db.pool.QueryRow(r.ctx, r.b.db.sql(`SELECT data FROM {s}.blob_chunks WHERE sha256 = $1 AND n = $2`), r.want, r.next).Scan(&data)
+		err := retryConn(r.ctx, func() error {
+			return r.b.db.pool.QueryRow(r.ctx, r.b.db.sql(`SELECT data FROM {s}.blob_chunks WHERE sha256 = $1 AND n = $2`), r.want, r.next).Scan(&data)
+		})
 		if err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				err = &damagedBytes{fmt.Sprintf("blob %s lacks chunk %d in %s.blob_chunks", r.sum, r.next, r.b.db.schema)}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -208,6 +209,36 @@ func (db *DB) rightsError(what string, err error) error {
 	}
 	return fmt.Errorf("pgstore: cannot %s in %s: %w; user %q lacks the right: run, as the database owner, %s (or let an owner run the program once to create the schema)",
 		what, db.where, err, user, grant)
+}
+
+// retryConn calls fn, and again while it fails for want of a connection
+// (isConnError: a server restart ends every pooled connection, whose next
+// use fails, and refuses new ones until it is up) for as long as a session
+// may take its lock back (lostAfter), pausing 50 ms, then longer up to 1 s:
+// a restart does not fail a read under way, as it does not fail a batch
+// (store.Lock). fn must be safe to call again after a failure: a read, or
+// an idempotent write. The error is fn's last, or ctx's.
+func retryConn(ctx context.Context, fn func() error) error {
+	var down time.Time
+	wait := 50 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || !isConnError(err) || ctx.Err() != nil {
+			return err
+		}
+		if down.IsZero() {
+			down = time.Now()
+		}
+		if time.Since(down) >= lostAfter {
+			return err
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return err
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // isConnError reports whether err is a connection failure rather than a
