@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/pgstore/internal/pgproxy"
 	"github.com/stretchr/testify/assert"
@@ -376,5 +377,34 @@ func TestCommitCutRerunWaitsForTheLockTakenAgain(t *testing.T) {
 	_, err := markedBatch(actx, st, at, session, "cut-me", 2, true)
 	require.True(t, a.Wait(time.Second))
 	require.NoError(t, err, "the re-run must wait for the session's lock, then land")
+	assert.Equal(t, 2, f.copies(t, "cut-me"))
+}
+
+// The re-run after a cut before COMMIT finds the pool's other connections
+// dead too, as after a server restart, which ends them all (the pool hands
+// out a connection idle for less than a second without a ping): it tries
+// again, with a pause, until one answers, and lands the batch once.
+// Before, it gave up after four tries, and the Run turned read-only.
+func TestCommitCutRerunGoesOnPastDeadPooledConnections(t *testing.T) {
+	f := newCutFixture(t)
+	ctx := context.Background()
+	st, session, at := f.open(t, f.db, true)
+	var conns []*pgxpool.Conn
+	for range 8 { // the pool's connections, idle
+		c, err := f.db.pool.Acquire(ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	afterResolve = func() { // every pooled connection dies; the session's lock connection lives
+		f.proxy.CutWhere(func(c pgproxy.Conn) bool { return !c.Saw("pg_try_advisory_lock(") })
+	}
+	t.Cleanup(func() { afterResolve = nil })
+	a := f.proxy.Arm(pgproxy.Rule{Cut: pgproxy.BeforeCommit, Match: []string{"cut-me"}})
+	_, err := markedBatch(ctx, st, at, session, "cut-me", 2, true)
+	require.True(t, a.Wait(time.Second), "the proxy did not cut: %q", f.proxy.Log())
+	require.NoError(t, err, "the re-run must go on past the dead connections, then land")
 	assert.Equal(t, 2, f.copies(t, "cut-me"))
 }

@@ -115,13 +115,15 @@ var errRerun = errors.New("the run changed since the batch was decided")
 // and every session the batch found gone is still gone (one may have
 // taken its lock again meanwhile: then the batch's interrupted records
 // would be false). A session whose lock is being taken again (a server
-// restart dropped every lock) is waited for, as Lock does. Then it sends
+// restart dropped every lock) is waited for, as Lock does, and a failed
+// connection is tried again until CommitTimeout. Then it sends
 // commitBatch once more; a reply lost again is resolved again, never
 // re-run twice.
 func (b *batch) rerun(ctx context.Context, lazy bool) error {
 	ctx, cancel := context.WithTimeout(ctx, CommitTimeout)
 	defer cancel()
 	var conn *pgxpool.Conn
+	wait := 50 * time.Millisecond // between tries on a failed connection
 	for try := 0; ; try++ {
 		if err := b.ses.check(ctx); err != nil {
 			return err
@@ -141,7 +143,21 @@ func (b *batch) rerun(ctx context.Context, lazy bool) error {
 				return rerr
 			}
 		}
-		if try < 3 && ctx.Err() == nil && (errors.Is(err, errRehold) || isConnError(err)) {
+		switch {
+		case try < 3 && ctx.Err() == nil && errors.Is(err, errRehold):
+			continue
+		case ctx.Err() == nil && isConnError(err):
+			// The pool's other connections may be as dead as the
+			// batch's (a server restart ends them all, and the pool
+			// hands out one idle for less than a second unpinged), or
+			// the server not up yet: again, with a growing pause,
+			// until CommitTimeout.
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return err
+			}
+			wait = min(2*wait, time.Second)
 			continue
 		}
 		return err
