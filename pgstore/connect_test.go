@@ -429,3 +429,26 @@ func TestConnectWaitsForAMigrationAsLongAsItsContext(t *testing.T) {
 	require.NoError(t, db.pool.QueryRow(ctx, db.sql("SELECT count(*) FROM {s}.schema_version")).Scan(&versions))
 	assert.Equal(t, SchemaVersion, versions)
 }
+
+// A pooled connection that the server ended (pg_terminate_backend here; a
+// shutdown or restart ends them all) is named as such, not as a server
+// that cannot be reached.
+func TestAConnectionTheServerEndedSaysSo(t *testing.T) {
+	dsn := testDSN(t)
+	app := "ended-" + newSchema(t)
+	db, err := Connect(context.Background(), withSchema(dsn, newSchema(t))+"&application_name="+app)
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Has(context.Background(), "r") // a pooled connection, idle after
+	require.NoError(t, err)
+	admin := adminConn(t, dsn)
+	var n int
+	require.NoError(t, admin.QueryRow(context.Background(), "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n))
+	require.NotZero(t, n)
+	_, err = db.Has(context.Background(), "r")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "57P01")
+	assert.Contains(t, err.Error(), "ended the connection")
+	assert.Contains(t, err.Error(), "retry when the server answers")
+	assert.NotContains(t, err.Error(), "check that the server runs")
+}

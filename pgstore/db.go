@@ -465,6 +465,8 @@ func (db *DB) connectError(err error) error {
 			if p, ok := strings.CutPrefix(pe.Message, "unsupported startup parameter: "); ok {
 				return fmt.Errorf("pgstore: cannot connect to %s: %w; a pooler between pgstore and the server (pgbouncer?) refuses the startup parameter %s, which a session's lock connection sets (tcp_keepalives_idle, _interval, _count and tcp_user_timeout: how the server notices a vanished machine within about 10 s): connect directly, or let the pooler ignore them (pgbouncer: ignore_startup_parameters = %s) and set its own keepalives and tcp_user_timeout toward the clients, as the session's liveness is then the pooler's", db.where, err, p, ignoredParams)
 			}
+		case "57P01", "57P02": // a connection the server ended: no connect failed
+			return fmt.Errorf("pgstore: the server at %s ended the connection: %w; it is shutting down or restarting, or this backend was ended (pg_terminate_backend, a failover): retry when the server answers (pg_isready)", db.where, err)
 		case "57014": // a statement of the connection's setup ran past statement_timeout: the server answers
 			return fmt.Errorf("pgstore: %s: %w", db.where, err)
 		case "53300":
