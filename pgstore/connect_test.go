@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -451,4 +452,42 @@ func TestAConnectionTheServerEndedSaysSo(t *testing.T) {
 	assert.Contains(t, err.Error(), "ended the connection")
 	assert.Contains(t, err.Error(), "retry when the server answers")
 	assert.NotContains(t, err.Error(), "check that the server runs")
+}
+
+// A user that lacks a right to read runs, through ConnectReadOnly (the
+// runstate command's read commands), is told the grants that reading
+// needs, no more (no CREATE on the schema, no INSERT): and they are
+// enough.
+func TestReadOnlyUserLackingRightsIsToldWhatReadingNeeds(t *testing.T) {
+	base := testDSN(t)
+	dsn := withSchema(base, newSchema(t))
+	db, err := Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	r, err := db.Open(context.Background(), "r", t.TempDir(), &runstate.Options{Request: "read me"})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	admin := adminConn(t, base)
+	rdsn := roleDSN(t, admin, dsn, db.schema+"_reader", "")
+	read := func() error {
+		rdb, err := ConnectReadOnly(context.Background(), rdsn)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		_, err = rdb.Inspect(context.Background(), "r")
+		return err
+	}
+	err = read()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lacks the right to read runs")
+	m := regexp.MustCompile(`run, as the database owner, (GRANT .*?) \(`).FindStringSubmatch(err.Error())
+	require.NotNil(t, m, err.Error())
+	assert.NotContains(t, m[1], "CREATE")
+	assert.NotContains(t, m[1], "INSERT")
+	for _, g := range strings.Split(m[1], "; ") {
+		_, err = admin.Exec(context.Background(), g)
+		require.NoError(t, err, g)
+	}
+	assert.NoError(t, read(), "the grants advised are enough to read runs")
 }

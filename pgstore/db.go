@@ -53,6 +53,9 @@ type DB struct {
 	// spareFor, or by Close.
 	spareMu sync.Mutex
 	spare   *spareConn
+	// readOnly: made by ConnectReadOnly, for programs that read runs; a
+	// right it lacks for a read is advised as a reader's (rightsError).
+	readOnly bool
 }
 
 // spareConn is a lock connection not yet a session's. note is the
@@ -141,7 +144,7 @@ func connect(ctx context.Context, dsn string, write bool) (*DB, error) {
 	if err := checkSchemaName(schema); err != nil {
 		return nil, err
 	}
-	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig), addrParams: addressParams(dsn)}
+	db := &DB{schema: schema, ident: pgx.Identifier{schema}.Sanitize(), where: describe(cfg.ConnConfig), addrParams: addressParams(dsn), readOnly: !write}
 	// Every connection notices a server it can no longer reach within
 	// about userTimeout, instead of the kernel's minutes: keepalives
 	// when idle, TCP_USER_TIMEOUT (Linux) while data waits for an ACK;

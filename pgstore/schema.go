@@ -199,6 +199,11 @@ func (db *DB) rightsError(what string, err error) error {
 	u := pgx.Identifier{user}.Sanitize()
 	var grant string
 	switch {
+	case db.readOnly && readsOnly(what):
+		// A program that only reads (the runstate command's read
+		// commands) needs no more; the schema is there.
+		return fmt.Errorf("pgstore: cannot %s in %s: %w; user %q lacks the right to read runs: run, as the database owner, GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT ON ALL TABLES IN SCHEMA %s TO %s (a user whose programs open runs needs INSERT, UPDATE, DELETE too)",
+			what, db.where, err, user, db.ident, u, db.ident, u)
 	case strings.Contains(pe.Message, "for database"):
 		grant = fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", pgx.Identifier{database}.Sanitize(), u)
 	case strings.Contains(pe.Message, "for schema"):
@@ -239,6 +244,17 @@ func retryConn(ctx context.Context, fn func() error) error {
 		}
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// readsOnly reports whether the operation rightsError names, what, only
+// reads.
+func readsOnly(what string) bool {
+	for _, p := range []string{"read ", "list ", "look up ", "verify "} {
+		if strings.HasPrefix(what, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // isConnError reports whether err is a connection failure rather than a
