@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,101 +24,72 @@ import (
 // run, so that one that opened before another recorded the plan said
 // "planned" too, having recorded nothing.
 func TestConcurrentPlanSaysWhoPlanned(t *testing.T) {
-	const procs = 6
 	for round := range 4 {
 		dir, _ := shellRun(t, "setup") // another plan: each process below replaces it
-		outs := make([]string, procs)
-		var wg sync.WaitGroup
-		// Each waits for the ledger lock to open its session, so that
-		// they open at once when it is let go.
-		lock := flock.New(filepath.Join(dir, "logs", "ledger.lock"))
-		require.NoError(t, lock.Lock())
-		for i := range procs {
-			wg.Go(func() {
-				var out, errb bytes.Buffer
-				cmd := exec.Command(bin, "plan", dir, "fetch", "build", "test")
-				cmd.Stdout, cmd.Stderr = &out, &errb
-				if err := cmd.Run(); err != nil {
-					outs[i] = "error: " + err.Error() + ": " + errb.String()
-					return
-				}
-				outs[i] = out.String()
-			})
-		}
-		time.Sleep(200 * time.Millisecond)
-		require.NoError(t, lock.Unlock())
-		wg.Wait()
-		planned, unchanged := 0, 0
-		for _, out := range outs {
-			switch {
-			case strings.HasPrefix(out, "planned 3 stage(s): fetch, build, test (ledger seq "):
-				planned++
-			case strings.HasPrefix(out, "plan unchanged: fetch, build, test: planned already, nothing recorded (ledger seq "):
-				unchanged++
-			default:
-				t.Errorf("round %d: unexpected output %q", round, out)
-			}
-		}
-		records := 0
-		for _, line := range ledgerLines(t, dir) {
-			if strings.Contains(line, `"ev":"plan"`) && strings.Contains(line, `"fetch"`) {
-				records++
-			}
-		}
-		require.Equal(t, 1, records, "round %d: the plan is recorded once", round)
-		assert.Equal(t, 1, planned, "round %d: only the process that recorded the plan says planned:\n%s", round, strings.Join(outs, ""))
-		assert.Equal(t, procs-1, unchanged, "round %d", round)
+		atOnce(t, round, dir, []string{"plan", dir, "fetch", "build", "test"}, []string{`"ev":"plan"`, `"fetch"`},
+			"planned 3 stage(s): fetch, build, test (ledger seq ",
+			"plan unchanged: fetch, build, test: planned already, nothing recorded (ledger seq ")
 	}
 }
 
 // The same for skip: of several 'runstate skip' of one stage at once,
 // one records it and says so; the others say it is skipped already.
 func TestConcurrentSkipSaysWhoSkipped(t *testing.T) {
-	const procs = 6
 	for round := range 4 {
 		dir, _ := shellRun(t, "deploy")
-		outs := make([]string, procs)
-		var wg sync.WaitGroup
-		// Each waits for the ledger lock to open its session, so that
-		// they open at once when it is let go.
-		lock := flock.New(filepath.Join(dir, "logs", "ledger.lock"))
-		require.NoError(t, lock.Lock())
-		for i := range procs {
-			wg.Go(func() {
-				var out, errb bytes.Buffer
-				cmd := exec.Command(bin, "skip", dir, "deploy", "-reason", "docs only")
-				cmd.Stdout, cmd.Stderr = &out, &errb
-				if err := cmd.Run(); err != nil {
-					outs[i] = "error: " + err.Error() + ": " + errb.String()
-					return
-				}
-				outs[i] = out.String()
-			})
-		}
-		time.Sleep(200 * time.Millisecond)
-		require.NoError(t, lock.Unlock())
-		wg.Wait()
-		skipped, already := 0, 0
-		for _, out := range outs {
-			switch {
-			case strings.HasPrefix(out, "skipped stage deploy (ledger seq "):
-				skipped++
-			case strings.HasPrefix(out, "stage deploy is skipped already: nothing recorded (ledger seq "):
-				already++
-			default:
-				t.Errorf("round %d: unexpected output %q", round, out)
-			}
-		}
-		records := 0
-		for _, line := range ledgerLines(t, dir) {
-			if strings.Contains(line, `"ev":"skip"`) {
-				records++
-			}
-		}
-		require.Equal(t, 1, records, "round %d: the skip is recorded once", round)
-		assert.Equal(t, 1, skipped, "round %d: only the process that recorded the skip says skipped:\n%s", round, strings.Join(outs, ""))
-		assert.Equal(t, procs-1, already, "round %d", round)
+		atOnce(t, round, dir, []string{"skip", dir, "deploy", "-reason", "docs only"}, []string{`"ev":"skip"`},
+			"skipped stage deploy (ledger seq ",
+			"stage deploy is skipped already: nothing recorded (ledger seq ")
 	}
+}
+
+// atOnce runs six processes of the command args on the run in dir at
+// once (each waits for the ledger lock, held here, to open its session,
+// so that they open together when it is let go), and checks that one
+// record was written (a ledger line holding each of rec), that one process's output starts with did
+// and the others' with already.
+func atOnce(t *testing.T, round int, dir string, args, rec []string, did, already string) {
+	t.Helper()
+	const procs = 6
+	outs := make([]string, procs)
+	var wg sync.WaitGroup
+	lock := flock.New(filepath.Join(dir, "logs", "ledger.lock"))
+	require.NoError(t, lock.Lock())
+	for i := range procs {
+		wg.Go(func() {
+			var out, errb bytes.Buffer
+			cmd := exec.Command(bin, args...)
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			if err := cmd.Run(); err != nil {
+				outs[i] = "error: " + err.Error() + ": " + errb.String()
+				return
+			}
+			outs[i] = out.String()
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, lock.Unlock())
+	wg.Wait()
+	dids, alreadies := 0, 0
+	for _, out := range outs {
+		switch {
+		case strings.HasPrefix(out, did):
+			dids++
+		case strings.HasPrefix(out, already):
+			alreadies++
+		default:
+			t.Errorf("round %d: unexpected output %q", round, out)
+		}
+	}
+	records := 0
+	for _, line := range ledgerLines(t, dir) {
+		if !slices.ContainsFunc(rec, func(r string) bool { return !strings.Contains(line, r) }) {
+			records++
+		}
+	}
+	require.Equal(t, 1, records, "round %d: %s is recorded once", round, rec)
+	assert.Equal(t, 1, dids, "round %d: only the process that recorded it says so:\n%s", round, strings.Join(outs, ""))
+	assert.Equal(t, procs-1, alreadies, "round %d", round)
 }
 
 // An -after that names the stage itself is a usage error of exec and
