@@ -99,25 +99,8 @@ func TestExecGoesOnWhenItsLockConnectionIsCut(t *testing.T) {
 func TestLogFollowGoesOnWhenItsConnectionIsCut(t *testing.T) {
 	dsn, db, w := runOne(t)
 	app := "follower-" + db.Schema()
-	cmd := exec.Command(bin, "log", "-follow", address(dsn+"&application_name="+app, "one"))
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	errb := &syncBuffer{}
-	cmd.Stderr = errb
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill()
-	lines := lineChan(out)
-	next := func() string {
-		t.Helper()
-		select {
-		case l, ok := <-lines:
-			require.True(t, ok, "the follower ended: %s", errb.String())
-			return l
-		case <-time.After(10 * time.Second):
-			t.Fatalf("after 10 s the follower printed nothing more; stderr %s", errb.String())
-		}
-		return ""
-	}
+	cmd, errb, nextWithin, lines := follow(t, dsn, app)
+	next := func() string { t.Helper(); return nextWithin(10 * time.Second) }
 	for _, ev := range []string{"create", "open", "close"} {
 		assert.Contains(t, next(), "  "+ev+" ")
 	}

@@ -624,6 +624,34 @@ func TestDamagedRecordsAdviceOnARun(t *testing.T) {
 }
 
 // lineChan sends the lines r yields, and closes at its end.
+// follow starts 'runstate log -follow ADDRESS', its connections named
+// app (application_name), and returns the process, its standard error,
+// next, which returns its next line within the time given (the test fails
+// when none comes, or when it ended), and its lines, closed when it ends.
+func follow(t *testing.T, dsn, app string) (*exec.Cmd, *syncBuffer, func(within time.Duration) string, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(bin, "log", "-follow", address(dsn+"&application_name="+app, "one"))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := lineChan(out)
+	next := func(within time.Duration) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the follower ended: %s", errb.String())
+			return l
+		case <-time.After(within):
+			t.Fatalf("after %v the follower printed nothing more; stderr %s", within, errb.String())
+		}
+		return ""
+	}
+	return cmd, errb, next, lines
+}
+
 func lineChan(r io.Reader) <-chan string {
 	lines := make(chan string, 100)
 	go func() {

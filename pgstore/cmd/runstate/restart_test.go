@@ -205,25 +205,7 @@ func TestLogFollowSaysWhenTheServerDoesNotAnswer(t *testing.T) {
 	require.NoError(t, r.Close())
 
 	app := "frozen-follower"
-	cmd := exec.Command(bin, "log", "-follow", address(dsn+"&application_name="+app, "one"))
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	errb := &syncBuffer{}
-	cmd.Stderr = errb
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill()
-	lines := lineChan(out)
-	next := func(within time.Duration) string {
-		t.Helper()
-		select {
-		case l, ok := <-lines:
-			require.True(t, ok, "the follower ended: %s", errb.String())
-			return l
-		case <-time.After(within):
-			t.Fatalf("after %v the follower printed nothing more; stderr %s", within, errb.String())
-		}
-		return ""
-	}
+	cmd, errb, next, lines := follow(t, dsn, app)
 	for _, ev := range []string{"create", "open", "close"} {
 		assert.Contains(t, next(10*time.Second), "  "+ev+" ")
 	}
