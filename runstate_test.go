@@ -819,6 +819,14 @@ func TestValidForExpires(t *testing.T) {
 	assert.Contains(t, inv[0].Reason, "expired")
 	require.NoError(t, r.Do(ctx, "probe", fn, runstate.ValidFor(time.Hour)))
 	assert.Equal(t, 3, runs)
+
+	// Zero or less sets no expiry, as its doc says.
+	for _, d := range []time.Duration{0, -time.Hour} {
+		require.NoError(t, r.Do(ctx, "forever", fn, runstate.ValidFor(d)))
+	}
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, r.Do(ctx, "forever", fn, runstate.ValidFor(0)))
+	assert.Equal(t, 4, runs, "ValidFor(0) and ValidFor(-1h): the stage ran once")
 }
 
 func TestStageWriteFile(t *testing.T) {

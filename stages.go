@@ -75,7 +75,9 @@ func After(stage string) Input { return Input{kind: inputAfter, name: "after:" +
 // d ago is redone, with the reason "evidence expired". So is one whose
 // completion time is after the clock's now (the clock was ahead then, or
 // was set back since: a VM snapshot, an NTP step): its age is unknown.
-// ValidFor only builds the Input: safe for concurrent use.
+// A d of zero or less sets no expiry, as if ValidFor were left out (a
+// configured time-to-live whose zero means "never" may be passed on as
+// is). ValidFor only builds the Input: safe for concurrent use.
 func ValidFor(d time.Duration) Input { return Input{kind: inputValidFor, validFor: d} }
 
 // expired says why evidence of a stage done at done is expired at now
