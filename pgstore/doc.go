@@ -86,7 +86,11 @@
 // server that started less than 10 s ago lost every lock with its restart:
 // within that grace a session opened before the restart counts as alive
 // (DB.RestartGrace names those that have not taken their locks again, for
-// a status that must say it cannot tell yet).
+// a status that must say it cannot tell yet). Nor does a restart fail the
+// calls under way: batches, blob reads and puts, and the DB's readers
+// (Inspect, NextSteps, Verify, Runs, Has; ReadLedger and Export until
+// they have handed over a record) are tried again, with a growing pause,
+// for as long as a session may take its lock back (10 s).
 //
 // # A session alone on its run
 //

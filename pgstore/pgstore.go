@@ -85,23 +85,61 @@ func (db *DB) Open(ctx context.Context, run, workDir string, opts *runstate.Opti
 // interrupted); db.Store(run).Live tells which sessions are gone. It
 // writes nothing and is safe for concurrent use, also while sessions
 // append.
-func (db *DB) Inspect(ctx context.Context, run string) (*runstate.Status, error) {
-	return runstate.InspectStore(ctx, db.reader(run))
+func (db *DB) Inspect(ctx context.Context, run string) (st *runstate.Status, err error) {
+	err = retryConn(ctx, func() error { // a read: again after a restart
+		st, err = runstate.InspectStore(ctx, db.reader(run))
+		return err
+	})
+	return st, err
 }
 
 // NextSteps returns the run's handoff text, rendered from its records as
 // they stand; its commands name the run by its address (Address). It
 // writes nothing and is safe for concurrent use.
-func (db *DB) NextSteps(ctx context.Context, run string) (string, error) {
-	return runstate.NextStepsStore(ctx, db.reader(run), db.Address(run))
+func (db *DB) NextSteps(ctx context.Context, run string) (text string, err error) {
+	err = retryConn(ctx, func() error {
+		text, err = runstate.NextStepsStore(ctx, db.reader(run), db.Address(run))
+		return err
+	})
+	return text, err
 }
 
 // ReadLedger calls fn with each record of the run, in order, the whole
 // hash chain checked as it goes (like runstate.ReadLedger). It reads one
 // snapshot of the records, takes no lock and is safe for concurrent use.
 func (db *DB) ReadLedger(ctx context.Context, run string, fn func(*runstate.Record) error) error {
-	return runstate.ReadStore(ctx, db.reader(run), fn)
+	called := false
+	return retryUntil(ctx, &called, func() error {
+		return runstate.ReadStore(ctx, db.reader(run), func(rec *runstate.Record) error {
+			called = true
+			return fn(rec)
+		})
+	})
 }
+
+// retryUntil is retryConn for a read that hands what it reads to its
+// caller as it goes: tried again only while nothing was handed (*called
+// is false), so that nothing is handed twice.
+func retryUntil(ctx context.Context, called *bool, fn func() error) error {
+	err := retryConn(ctx, func() error {
+		err := fn()
+		if err != nil && *called {
+			return &handedError{err}
+		}
+		return err
+	})
+	if h, ok := err.(*handedError); ok {
+		return h.err
+	}
+	return err
+}
+
+// handedError is a read's error after it handed its caller something:
+// not to be tried again (retryUntil), whatever it is. It wraps nothing,
+// so that isConnError does not see into it.
+type handedError struct{ err error }
+
+func (e *handedError) Error() string { return e.err.Error() }
 
 // Export writes the run's records to w as a logs/ledger.jsonl: the exact
 // lines, each with its '\n', in seq order, from one snapshot (so
@@ -111,11 +149,16 @@ func (db *DB) ReadLedger(ctx context.Context, run string, fn func(*runstate.Reco
 // short. It takes no lock; safe for concurrent use (on different ws).
 func (db *DB) Export(ctx context.Context, run string, w io.Writer) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
-	_, err := db.reader(run).Read(ctx, runstate.Position{}, func(line []byte) error {
-		if _, err := bw.Write(line); err != nil {
-			return err
-		}
-		return bw.WriteByte('\n')
+	called := false
+	err := retryUntil(ctx, &called, func() error {
+		_, err := db.reader(run).Read(ctx, runstate.Position{}, func(line []byte) error {
+			called = true
+			if _, err := bw.Write(line); err != nil {
+				return err
+			}
+			return bw.WriteByte('\n')
+		})
+		return err
 	})
 	if err != nil {
 		return err
@@ -139,7 +182,11 @@ func (db *DB) Verify(ctx context.Context, run string, opts ...VerifyOption) (*ru
 	if o.rehash {
 		s = rehashing{db.reader(run)}
 	}
-	rep, err := runstate.VerifyStore(ctx, s, "")
+	var rep *runstate.Report
+	err := retryConn(ctx, func() (err error) {
+		rep, err = runstate.VerifyStore(ctx, s, "")
+		return err
+	})
 	if rep != nil {
 		rep.Dir = db.Address(run)
 	}
@@ -153,11 +200,15 @@ func (db *DB) Verify(ctx context.Context, run string, opts ...VerifyOption) (*ru
 // name uses; it is not a run until that Open records. It reads one
 // snapshot, writes nothing, and is safe for concurrent use.
 func (db *DB) Runs(ctx context.Context) ([]string, error) {
-	rows, err := db.pool.Query(ctx, db.sql(`SELECT r.name FROM {s}.runs r WHERE `+hasRecord+` ORDER BY r.name`))
-	if err != nil {
-		return nil, db.rightsError("list the runs of schema "+db.schema, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var names []string
+	err := retryConn(ctx, func() error {
+		rows, err := db.pool.Query(ctx, db.sql(`SELECT r.name FROM {s}.runs r WHERE `+hasRecord+` ORDER BY r.name`))
+		if err != nil {
+			return err
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
 	if err != nil {
 		return nil, db.rightsError("list the runs of schema "+db.schema, err)
 	}
@@ -178,7 +229,9 @@ func (db *DB) Has(ctx context.Context, run string) (bool, error) {
 		return false, err
 	}
 	var has bool
-	err := db.pool.QueryRow(ctx, db.sql(`SELECT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.name = $1 AND `+hasRecord+`)`), run).Scan(&has)
+	err := retryConn(ctx, func() error {
+		return db.pool.QueryRow(ctx, db.sql(`SELECT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.name = $1 AND `+hasRecord+`)`), run).Scan(&has)
+	})
 	if err != nil {
 		return false, db.rightsError("read run "+run, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runstate/runstate"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -70,4 +71,76 @@ func TestBlobReadsGoOnThroughAServerRestart(t *testing.T) {
 	missing, err = bs.Missing(ctx, []string{hex.EncodeToString(h[:])})
 	require.NoError(t, err)
 	assert.Empty(t, missing)
+}
+
+// The DB's readers go on through a server restart too: a status command,
+// or the fleet's leader reading its run at the end, got "FATAL:
+// terminating connection due to administrator command" from a pooled
+// connection the restart had ended. ReadLedger and Export are tried again
+// only until they hand over a record.
+func TestReadersGoOnThroughAServerRestart(t *testing.T) {
+	srv := startServer(t, nil, nil)
+	ctx := context.Background()
+	db, err := Connect(ctx, srv.dsn("127.0.0.1"))
+	require.NoError(t, err)
+	defer db.Close()
+	r, err := db.Open(ctx, "one", t.TempDir(), &runstate.Options{Request: "read through a restart"})
+	require.NoError(t, err)
+	require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
+	require.NoError(t, r.Close())
+
+	restart := func() {
+		t.Helper()
+		require.NoError(t, srv.run("pg_ctl", "-D", srv.data, "-m", "fast", "-w", "stop"))
+		started := make(chan struct{})
+		go func() {
+			defer close(started)
+			time.Sleep(500 * time.Millisecond)
+			srv.start(t)
+		}()
+		t.Cleanup(func() { <-started })
+	}
+	for name, read := range map[string]func() error{
+		"Inspect": func() error {
+			st, err := db.Inspect(ctx, "one")
+			if err == nil {
+				a, _ := st.Stage("a")
+				assert.Equal(t, runstate.StateComplete, a.State)
+			}
+			return err
+		},
+		"NextSteps": func() error { _, err := db.NextSteps(ctx, "one"); return err },
+		"Verify": func() error {
+			rep, err := db.Verify(ctx, "one")
+			if err == nil {
+				assert.Empty(t, rep.Problems)
+			}
+			return err
+		},
+		"Runs": func() error {
+			names, err := db.Runs(ctx)
+			assert.Equal(t, []string{"one"}, names)
+			return err
+		},
+		"Has": func() error { _, err := db.Has(ctx, "one"); return err },
+		"ReadLedger": func() error {
+			n := 0
+			err := db.ReadLedger(ctx, "one", func(*runstate.Record) error { n++; return nil })
+			if err == nil {
+				assert.Equal(t, 5, n, "create, open, begin, complete, close: each once")
+			}
+			return err
+		},
+		"Export": func() error {
+			var b bytes.Buffer
+			err := db.Export(ctx, "one", &b)
+			if err == nil {
+				assert.Equal(t, 5, bytes.Count(b.Bytes(), []byte("\n")), "each line once")
+			}
+			return err
+		},
+	} {
+		restart()
+		assert.NoError(t, read(), "%s through a restart", name)
+	}
 }
