@@ -411,6 +411,7 @@ func TestEffectFailedDoNeedsCheckOrPerson(t *testing.T) {
 	_, err := r.Effect(ctx, "mail", e)
 	require.ErrorIs(t, err, runstate.ErrUnconfirmed)
 	assert.Contains(t, err.Error(), "connection reset by peer")
+	assert.Contains(t, err.Error(), "it has no Check to ask whether it landed: resolve it with: runstate resolve", "not: call Effect again to ask its Check")
 
 	// Without Check nobody can tell: each call says so, and Do is not
 	// called again.
@@ -455,6 +456,14 @@ func TestEffectFailedDoNeedsCheckOrPerson(t *testing.T) {
 	assert.Empty(t, st.Blockers)
 	assert.Zero(t, st.Metrics.EffectsUnconfirmed)
 	assert.Zero(t, st.Metrics.EffectsDuplicated)
+
+	// With a Check, the error says the next call asks it.
+	_, err = r.Effect(ctx, "ping", runstate.Effect{
+		Do:    func(context.Context, string) (json.RawMessage, error) { return nil, errors.New("timeout") },
+		Check: func(context.Context, string) (json.RawMessage, bool, error) { return nil, false, nil },
+	})
+	require.ErrorIs(t, err, runstate.ErrUnconfirmed)
+	assert.Contains(t, err.Error(), "the next Effect call for the key asks its Check whether it landed, or resolve it with: runstate resolve")
 }
 
 func TestEffectDoPanicIsRecorded(t *testing.T) {

@@ -268,7 +268,11 @@ func (r *Run) doEffect(ctx context.Context, key, full string, e Effect) (json.Ra
 		return nil, fmt.Errorf("%w: effect %s happened, but %w; return the receipt as JSON (a plain-text body as a JSON string), then resolve it with: %s", ErrUnconfirmed, key, bad, r.where.resolve(key, "-sent RECEIPT -by NAME"))
 	}
 	if derr != nil {
-		return nil, fmt.Errorf("%w: effect %s: %w; call Effect again to ask its Check, or resolve it with: %s", ErrUnconfirmed, key, derr, r.where.resolve(key, "-sent RECEIPT|-not-sent -by NAME"))
+		next := "the next Effect call for the key asks its Check whether it landed, or resolve it with: "
+		if e.Check == nil {
+			next = "it has no Check to ask whether it landed: resolve it with: "
+		}
+		return nil, fmt.Errorf("%w: effect %s: %w; %s%s", ErrUnconfirmed, key, derr, next, r.where.resolve(key, "-sent RECEIPT|-not-sent -by NAME"))
 	}
 	return orNull(receipt), nil
 }

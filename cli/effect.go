@@ -195,7 +195,12 @@ func (c *cli) effect(r *runstate.Run, e *shellEffect, payload string, waitFor ti
 	case errors.Is(err, runstate.ErrUnconfirmed) && e.notStarted != nil:
 		return c.notStarted(r, e)
 	case errors.Is(err, runstate.ErrUnconfirmed):
-		return c.failWith(exitPerson, inDir(err, r.Dir()))
+		code := c.failWith(exitPerson, inDir(err, r.Dir()))
+		if e.check == "" {
+			// The library's "Check" is -check here.
+			c.notef("runstate effect: %s: give -check CMD, and the next effect asks the receiving system whether it landed (runstate help effect)", e.key)
+		}
+		return code
 	case errors.Is(err, runstate.ErrInvalid):
 		return c.failWith(exitUsage, err)
 	case err != nil && e.landed != nil:

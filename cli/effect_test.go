@@ -79,6 +79,15 @@ func TestEffectAmbiguous(t *testing.T) {
 	assert.Contains(t, r.err, "runstate resolve "+dir+" unknown -sent RECEIPT|-not-sent -by NAME")
 	r = effect("unknown", "")
 	assert.Equal(t, exitPerson, r.code, "no check: a person decides: %s", r.err)
+	assert.Contains(t, r.err, "no Check to ask the receiving system")
+	assert.Contains(t, r.err, "runstate effect: unknown: give -check CMD, and the next effect asks the receiving system whether it landed")
+	// A command that fails (it may have landed) without -check: the
+	// library's "Check" is named as the command's -check.
+	r = runCLI(t, "effect", dir, "failed", "--", "sh", "-c", "exit 3")
+	assert.Equal(t, exitPerson, r.code, r.err)
+	assert.Contains(t, r.err, "it has no Check to ask whether it landed: resolve it with: runstate resolve")
+	assert.Contains(t, r.err, "runstate effect: failed: give -check CMD, and the next effect asks the receiving system whether it landed")
+	assert.NotContains(t, r.err, "call Effect again")
 
 	b, err := os.ReadFile(outbox)
 	require.NoError(t, err)
