@@ -109,12 +109,24 @@ func TestSessionOpeningWaitsForTheOneAloneToLetGo(t *testing.T) {
 	<-working
 	assert.Equal(t, before+1, sentAhead(a), "held's begin went ahead of its reply")
 
+	// Open right after a's ping, so that its next one, pingEvery later,
+	// does not come first: then only the notification can let the run go.
+	// (A bound on the Open's time, pingEvery/2, failed on a loaded machine.)
+	lastPing := func() time.Time {
+		a.ses.mu.Lock()
+		defer a.ses.mu.Unlock()
+		return a.ses.lastOK
+	}
+	pinged := lastPing()
+	_, ok := poll(pingEvery+5*time.Second, time.Millisecond, func() bool { return lastPing().After(pinged) })
+	require.True(t, ok, "no ping of the first session's within %v", pingEvery+5*time.Second)
+	noted := a.ses.noted.Load()
 	start := time.Now()
 	runB, b := openOptimist(t, db, "shared")
 	defer runB.Close()
 	waited := time.Since(start)
 	t.Logf("the second session's Open took %v while the first had the run alone (an Open alone: %v)", waited.Round(time.Microsecond), openA.Round(time.Microsecond))
-	assert.Less(t, waited, pingEvery/2, "bound: the notification, the read-back and a few round trips, not the next ping (%v), with slack for a loaded machine", pingEvery)
+	assert.Equal(t, noted+1, a.ses.noted.Load(), "the first session let the run go on the newcomer's notification, not at its next ping (%v)", pingEvery)
 	alone, _ := a.ses.aloneEpoch()
 	assert.False(t, alone, "the first session let the run go")
 	_, err := runB.Begin(ctx, "held")

@@ -108,6 +108,9 @@ type session struct {
 	closing  context.Context
 	cancel   context.CancelFunc
 	notified atomic.Bool
+	// noted counts the yields that a notification started (not a
+	// ping's probe of the want lock): for the tests.
+	noted atomic.Int64
 }
 
 // hold opens the lock connection and takes the session's lock, and the
@@ -251,7 +254,7 @@ func (s *session) ping() {
 			return
 		}
 		due := false // a ping, and the try to have the run alone
-		wanted := false
+		wanted, noted := false, false
 		if conn != nil && alone == conn && !yielding && time.Until(next) > 0 {
 			// Wait for a notification on the lock connection (or for close,
 			// or the next ping).
@@ -260,7 +263,7 @@ func (s *session) ping() {
 			cancel()
 			switch {
 			case err == nil || s.notified.Swap(false):
-				wanted = true
+				wanted, noted = true, true
 			case s.closing.Err() != nil:
 				return
 			case ctx.Err() == nil:
@@ -338,6 +341,9 @@ func (s *session) ping() {
 		}
 		if wanted && alone == conn && !yielding {
 			yielding = true
+			if noted {
+				s.noted.Add(1)
+			}
 			s.mu.Lock()
 			epoch := s.epoch
 			s.mu.Unlock()

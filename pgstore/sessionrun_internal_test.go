@@ -256,10 +256,16 @@ func cutDuringStage(t *testing.T, f *cutFixture, a *runstate.Run) {
 			}
 			return false
 		}, "a new lock connection")
-		live, err := f.direct.Store(f.run).Live(ctx, []string{a.Session()})
-		require.NoError(t, err)
-		assert.True(t, live[a.Session()], "the lock is held again")
-		_, err = b.Begin(ctx, "s")
+		// The proxy sees the new connection's pg_try_advisory_lock when
+		// the session sends it, before the server runs it (and the old
+		// backend may still hold the lock until the server sees the cut):
+		// wait for the lock itself.
+		waitFor(t, 10*time.Second, func() bool {
+			live, err := f.direct.Store(f.run).Live(ctx, []string{a.Session()})
+			require.NoError(t, err)
+			return live[a.Session()]
+		}, "the lock is held again")
+		_, err := b.Begin(ctx, "s")
 		assert.ErrorIs(t, err, runstate.ErrBusy, "the stage is A's while A holds its lock again")
 		assert.NoError(t, ctx.Err(), "the stage's ctx is live: the session was not lost")
 		return st.WriteFile("out.txt", []byte("done"))
