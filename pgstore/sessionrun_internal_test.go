@@ -372,7 +372,10 @@ func TestRunDoAfterAnEndRecordThatCouldNotBeWrittenBeginsTheNextAttempt(t *testi
 	f := newCutFixture(t)
 	ctx := context.Background()
 	opts := sessionOptions()
-	opts.LockTimeout = 300 * time.Millisecond
+	// Short, as the holder below keeps the row until Do fails; not so short
+	// that the Open's own batches miss it on a loaded machine (300 ms did:
+	// "timed out waiting for the ledger lock" from Open, no holder yet).
+	opts.LockTimeout = 2 * time.Second
 	a := f.openRunIn(t, f.direct, t.TempDir(), opts)
 	var id string
 	require.NoError(t, f.direct.pool.QueryRow(ctx, f.direct.sql(`SELECT id::text FROM {s}.runs WHERE name = $1`), f.run).Scan(&id))
