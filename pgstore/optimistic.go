@@ -70,6 +70,7 @@ type optimism struct {
 	eager  bool              // bet whenever the head is known (tests: racing bets)
 	bets   int               // optimistic batches made (tests)
 	lost   int               // of which conflicts (tests)
+	won    int               // of which committed records (tests)
 }
 
 // locked notes a Lock's head and clock.
@@ -99,6 +100,7 @@ func (o *optimism) committed(to runstate.Position, at time.Time, bet bool) {
 	o.known, o.head, o.lastAt = true, to, at
 	if bet {
 		o.need /= 2
+		o.won++
 	}
 }
 

@@ -42,6 +42,13 @@ func (o *optimism) counts() (bets, lost int) {
 	return o.bets, o.lost
 }
 
+// wins is the bets that committed records.
+func (o *optimism) wins() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.won
+}
+
 func stageOf(t *testing.T, r *runstate.Run, name string) runstate.StageStatus {
 	t.Helper()
 	st, err := r.Status()
@@ -506,8 +513,12 @@ func TestOptimisticFirstBatchAfterOpenDoesNotBet(t *testing.T) {
 
 	c, cs := openOptimist(t, db, "alone")
 	require.NoError(t, c.Do(ctx, "first", func(context.Context, *runstate.Stage) error { return nil }))
-	bets, lost := cs.opt.counts()
-	require.Equal(t, 1, bets, "the first Do's complete bets")
+	_, lost := cs.opt.counts()
+	// Of the batches with records, the begin's is locked, the complete's a
+	// bet. (Not the count of bets: a flush of the projections, the
+	// handoff timer's, may be one more, when it comes before the test
+	// looks.)
+	require.Equal(t, 1, cs.opt.wins(), "the first Do's complete bets, its begin does not")
 	require.Zero(t, lost)
 }
 
