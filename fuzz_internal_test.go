@@ -30,6 +30,8 @@ func FuzzRecordRoundTrip(f *testing.F) {
 	f.Add(int64(9), int64(-5), "intent", "", "ticket:42", "line\nbreak\x00", 1, "\"quoted\"", "<html>&", []byte(`{"a":[1,2,{"b":null}]}`), "", int64(-1))
 	f.Add(int64(3), int64(1), "confirm", "", "k\xff", "", 0, "", "", []byte(`"s"`), "", int64(0))
 	f.Add(int64(4), int64(2), "begin", "\u2028stage", "", "", 1, "", "", []byte(`  { "x" : 1 }  `), "é/ü", int64(3))
+	f.Add(int64(5), int64(0), "begin", "s", "", "", -1, "", "", []byte(nil), "", int64(0))       // a negative attempt
+	f.Add(int64(6), int64(0), "complete", "s", "", "", 1, "", "", []byte(nil), "out", int64(-1)) // a negative size
 	f.Fuzz(func(t *testing.T, seq, nanos int64, ev, stage, key, errText string, attempt int, note, reason string, data []byte, outPath string, size int64) {
 		if seq <= 0 || ev == "" {
 			return // parseRecord refuses these: not records the writer makes
@@ -66,6 +68,13 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		require.Equal(t, 1, bytes.Count(line, []byte("\n")), "no newline inside a record")
 		var d decoder
 		got := &Record{}
+		if attempt < 0 || attempt > maxAttempt || (outPath != "" && size < 0) {
+			// Not a record the writer makes (Begin counts attempts 1 to
+			// maxAttempt, an output's size is its file's length): the
+			// reader refuses it as corruption.
+			assert.Error(t, d.parse(line[:len(line)-1], rec.Prev, got), "attempt %d, size %d", attempt, size)
+			return
+		}
 		require.NoError(t, d.parse(line[:len(line)-1], rec.Prev, got))
 		want := *rec
 		if len(data) > 0 {
