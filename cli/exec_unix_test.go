@@ -79,10 +79,11 @@ func TestExecForwardsSignals(t *testing.T) {
 			dir, work := shellRun(t, "slow")
 			ready, child := filepath.Join(work, "ready"), filepath.Join(work, "child")
 			// The shell waits on a child of its own: both must get the signal.
-			script := `trap 'echo got >> "$0"; exit 7' INT; trap 'echo got >> "$0"; wait; exit 7' TERM; sh -c 'trap "echo child >> \"$0\"; exit 0" TERM INT; sleep 60 & wait' "$1" & echo $$ > "$2"; wait; wait`
+			// The child writes ready once its trap is set, after the shell's
+			// (a fixed pause for it was too short on a busy machine).
+			script := `trap 'echo got >> "$0"; exit 7' INT; trap 'echo got >> "$0"; wait; exit 7' TERM; sh -c 'trap "echo child >> \"$0\"; exit 0" TERM INT; echo $$ > "$1"; sleep 60 & wait' "$1" "$2" & wait; wait`
 			b := startCLI(t, "exec", dir, "slow", "--", "sh", "-c", script, filepath.Join(work, "got"), child, ready)
 			pidIn(t, ready)
-			time.Sleep(200 * time.Millisecond) // let the inner shell set its trap
 			require.NoError(t, b.cmd.Process.Signal(sig))
 			b.wait(t)
 			assert.Equal(t, 7, b.code, b.errb.String())
