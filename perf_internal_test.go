@@ -1107,7 +1107,11 @@ func TestOpenConstantTime(t *testing.T) {
 	// five was 80 ms in a suite run while other builds held the 2 cores,
 	// 18 ms alone).
 	assert.Less(t, slices.Min(tl), bound, "Open of %d records", runRecords)
-	assert.Less(t, float64(ml), 3*float64(ms)+float64(5*time.Millisecond), "Open grows with ledger length")
+	// So is the growth, fastest against fastest: the medians' ratio was
+	// 4.10 (74 and 302 ms) once in a suite run beside other sessions'
+	// tests and fuzzing, the large run's fastest 56 ms.
+	fs, fl := slices.Min(ts), slices.Min(tl)
+	assert.Less(t, float64(fl), 3*float64(fs)+float64(5*time.Millisecond), "Open grows with ledger length (fastest of 5: %s, %s)", fs, fl)
 }
 
 func median(d []time.Duration) time.Duration {
