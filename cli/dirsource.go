@@ -123,16 +123,26 @@ func readHandoff(p string) ([]byte, error) {
 
 // notRegular says what fi, not a regular file, is.
 func notRegular(fi fs.FileInfo) error {
-	kind := "not a regular file"
-	switch t := fi.Mode().Type(); {
-	case t&fs.ModeNamedPipe != 0:
-		kind = "a named pipe (FIFO), " + kind
-	case t&(fs.ModeDevice|fs.ModeCharDevice) != 0:
-		kind = "a device, " + kind
-	case t&fs.ModeDir != 0:
-		kind = "a directory, " + kind
+	if kind := fileKind(fi.Mode()); kind != "" {
+		return errors.New("it is " + kind + ", not a regular file")
 	}
-	return errors.New("it is " + kind)
+	return errors.New("it is not a regular file")
+}
+
+// fileKind names the kind of a file that is not a regular one: "" when
+// it has no other name.
+func fileKind(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case t&(fs.ModeDevice|fs.ModeCharDevice) != 0:
+		return "a device"
+	case t&fs.ModeDir != 0:
+		return "a directory"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	}
+	return ""
 }
 
 // ReadLedger reads the ledger as runstate.ReadLedger does (the records a

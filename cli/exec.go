@@ -212,7 +212,14 @@ func (e *evidenceFlags) resolve(dir, stage string) ([]runstate.Input, []string, 
 			return nil, nil, fmt.Errorf("-in %s is a directory; give its files, one -in each", f)
 		case !fi.Mode().IsRegular():
 			// <(cmd) is a pipe: Begin refuses it, after a session opened.
-			return nil, nil, fmt.Errorf("-in %s is %s, not a regular file: an input is read whole when the stage begins and again when it ends; give what it holds as -value NAME=TEXT, or copy it to a file first", f, fileKind(fi.Mode()))
+			kind := fileKind(fi.Mode())
+			switch {
+			case fi.Mode()&fs.ModeNamedPipe != 0:
+				kind = "a named pipe (a FIFO, or <(...) in the shell)"
+			case kind == "":
+				kind = "a special file"
+			}
+			return nil, nil, fmt.Errorf("-in %s is %s, not a regular file: an input is read whole when the stage begins and again when it ends; give what it holds as -value NAME=TEXT, or copy it to a file first", f, kind)
 		}
 		if err := once(inputName(f), "-in "+quoteArg(f)); err != nil {
 			return nil, nil, err
@@ -281,19 +288,6 @@ func inputName(p string) string {
 		return filepath.ToSlash(rel)
 	}
 	return filepath.ToSlash(path)
-}
-
-// fileKind names the kind of a file that is not a regular one.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a named pipe (a FIFO, or <(...) in the shell)"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return "not a file"
 }
 
 // checkStageName refuses a stage name the library would refuse, before
