@@ -3,12 +3,12 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/runstate/runstate"
 )
 
@@ -78,9 +78,9 @@ import (
 // so that nothing is sent after it), and only then lets the run's lock go:
 // the other session's first batch finds every begin this one sent.
 
-// ahead is the pipeline: a connection of its own in pipeline mode and the
-// batches sent on it whose replies are not read yet, in order. Guarded by
-// mu, which a commit of an optimistic batch holds from its decision to
+// ahead is the pipeline: a connection of its own (wire.go) and the
+// batches written on it whose outcome is not taken yet, in order. Guarded
+// by mu, which a commit of an optimistic batch holds from its decision to
 // send on the pipeline (or to read it back first) to its return.
 type ahead struct {
 	mu sync.Mutex
@@ -89,15 +89,14 @@ type ahead struct {
 	// next take.
 	epoch uint64
 	off   uint64
-	conn  *pgx.Conn        // a connection of its own, holding the session's pipeKey
-	key   int64            // that key
-	pipe  *pgconn.Pipeline // nil: the connection is in normal mode
-	// stmts: the statements prepared on conn, by their SQL.
+	w     *wire // the connection, holding the session's pipeKey; nil: none
+	key   int64 // that key
+	// stmts: the statements prepared on w, by their SQL.
 	stmts map[string]*pgconn.StatementDescription
 	eqb   pgx.ExtendedQueryBuilder
-	sent  []sentBatch // written, replies not read, in order
-	err   error       // sticky: a batch sent ahead did not land
-	count int         // batches sent ahead of their reply (tests)
+	sent  []*sentBatch // written, outcome not taken yet, in order
+	err   error        // sticky: a batch sent ahead did not land
+	count int          // batches sent ahead of their reply (tests)
 	// trace, when set (a benchmark: BenchmarkGoroutines), is called as a
 	// batch has been written and as an awaited batch's reply has been
 	// read, with a.mu held.
@@ -114,14 +113,30 @@ type pipeEvent struct {
 	replied bool
 }
 
+// maxUnread is the most batches on the pipeline whose replies are not read
+// (a variable for tests).
+var maxUnread = 64
+
 // sentBatch is a batch written to the pipeline: a copy of it (its records,
 // for errors and for settling a lost reply; the Run releases the original),
-// its statement count, and whether its caller was let go before the reply
-// (lazy: sent ahead).
+// and whether its caller was let go before the reply (lazy: sent ahead).
+// The goroutine that reads its reply (wire.wait) sets err (the server's
+// answer, or the connection's failure) and closes done; take sets final
+// (the outcome) under a.mu.
 type sentBatch struct {
 	b     *batch
-	n     int
 	ahead bool
+
+	w    *wire
+	done chan struct{}
+	err  error
+	prep *pgconn.StatementDescription // a prepare's answer (wire.prepare)
+	// collect: keep the rows (wire.query).
+	collect bool
+	rows    [][][]byte
+
+	taken bool
+	final error
 }
 
 // onPipeline reports whether an optimistic batch goes on the pipeline now,
@@ -136,45 +151,69 @@ func (s *store) onPipeline(ses *session) (ok, alone bool, epoch uint64) {
 // send writes b's writes (pb: queueWrites in the bet form) to the
 // pipeline. lazy: b is a batch of begins, whose caller goes on once it is
 // written (Confirm); else its Sync, which reads every reply up to its
-// own. The caller holds a.mu.
+// own and takes their outcomes, in order. The caller holds a.mu.
 func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) error {
+	sb, err := s.write(ctx, b, pb, lazy)
+	if err != nil || lazy {
+		return err
+	}
+	if err := s.await(ctx, sb); err != nil {
+		return err
+	}
+	b.committed()
+	return nil
+}
+
+// write writes b's writes (pb) to the pipeline and returns what was
+// written; lazy: b is sent ahead (its caller goes on), and the head moves
+// past it at once. The caller holds a.mu.
+func (s *store) write(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) (*sentBatch, error) {
 	a := &s.ahead
-	if a.conn == nil {
-		conn, err := s.pipeConnect(ctx, b.ses)
+	if a.w == nil {
+		w, err := s.pipeConnect(ctx, b.ses)
 		if err != nil {
 			s.blobs.putBack(b.inline)
-			return fmt.Errorf("%w: %w", runstate.ErrConflict, err) // nothing was sent: Lock decides
+			return nil, fmt.Errorf("%w: %w", runstate.ErrConflict, err) // nothing was sent: Lock decides
 		}
-		a.conn, a.key, a.stmts = conn, pipeKey(b.ses.id), map[string]*pgconn.StatementDescription{}
+		a.w, a.key, a.stmts = w, pipeKey(b.ses.id), map[string]*pgconn.StatementDescription{}
 	}
-	// A statement new to the connection is prepared in normal mode, after
-	// what is on the pipeline (once per statement and connection).
+	// Replies not read stay in the sockets' buffers: past a bound they are
+	// read first, so that the server never blocks writing them while this
+	// write waits for it to read (each is about 100 bytes).
+	if len(a.sent) >= maxUnread {
+		if err := s.readBack(ctx); err != nil {
+			s.blobs.putBack(b.inline)
+			return nil, err
+		}
+		if a.w == nil {
+			return s.write(ctx, b, pb, lazy) // readBack dropped it
+		}
+	}
+	// A statement new to the connection is prepared after what is on the
+	// pipeline (once per statement and connection).
 	for _, q := range pb.QueuedQueries {
 		if a.stmts[q.SQL] != nil {
 			continue
 		}
 		if err := s.readBack(ctx); err != nil {
 			s.blobs.putBack(b.inline)
-			return err
+			return nil, err
 		}
-		if a.conn == nil {
-			return s.send(ctx, b, pb, lazy) // readBack dropped it
+		if a.w == nil {
+			return s.write(ctx, b, pb, lazy) // readBack dropped it
 		}
-		sd, err := a.conn.Prepare(ctx, q.SQL, q.SQL)
+		sd, err := a.w.prepare(q.SQL)
 		if err != nil {
 			s.blobs.putBack(b.inline)
-			s.dropPipeline()
-			return b.appendError(err)
+			s.dropPipeline(nil)
+			return nil, b.appendError(err)
 		}
 		a.stmts[q.SQL] = sd
 	}
-	if a.pipe == nil {
-		a.pipe = a.conn.PgConn().StartPipeline(context.Background())
-	}
-	tm := a.conn.TypeMap()
+	w := a.w
 	for _, q := range pb.QueuedQueries {
 		sd := a.stmts[q.SQL]
-		if err := a.eqb.Build(tm, sd, q.Arguments); err != nil {
+		if err := a.eqb.Build(w.tm, sd, q.Arguments); err != nil {
 			// Nothing of the batch was flushed: the queued messages go
 			// with the connection, and with it the replies of what was
 			// sent before, whose outcome is then unknown (a bug either
@@ -183,18 +222,20 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 			err = fmt.Errorf("pgstore: run %s: encode a statement: %w", s.name, err)
 			if len(a.sent) > 0 {
 				first := a.sent[0].b
-				s.dropPipeline()
-				return s.aheadFailed(first, err)
+				err = s.aheadFailed(first, err)
 			}
-			s.dropPipeline()
-			return err
+			s.dropPipeline(err)
+			return nil, err
 		}
-		a.pipe.SendQueryStatement(sd, a.eqb.ParamValues, a.eqb.ParamFormats, slices.Clone(a.eqb.ResultFormats))
+		w.out.SendBind(&pgproto3.Bind{PreparedStatement: sd.Name, ParameterFormatCodes: a.eqb.ParamFormats,
+			Parameters: a.eqb.ParamValues, ResultFormatCodes: a.eqb.ResultFormats})
+		w.out.SendExecute(&pgproto3.Execute{})
 	}
-	sb := *b
-	sb.conn = nil
-	a.sent = append(a.sent, sentBatch{b: &sb, n: len(pb.QueuedQueries), ahead: lazy})
-	werr := a.pipe.Sync() // written: a failure leaves its outcome unknown, as a lost reply
+	sb := &sentBatch{b: new(batch), ahead: lazy}
+	*sb.b = *b
+	sb.b.conn = nil
+	a.sent = append(a.sent, sb)
+	werr := w.send(sb) // written: a failure leaves its outcome unknown, as a lost reply
 	n := len(b.rows.seq)
 	if a.trace != nil {
 		a.trace(pipeEvent{at: time.Now(), lazy: lazy, records: n})
@@ -203,96 +244,110 @@ func (s *store) send(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) er
 		a.count++
 		s.opt.committed(b.to, b.rows.at[n-1], true)
 		if werr != nil {
-			return s.readBack(ctx) // settles it, and every one before
+			return nil, s.readBack(ctx) // settles it, and every one before
 		}
-		return nil
 	}
-	if err := s.readBack(ctx); err != nil {
-		if a.err != nil {
-			return a.err
-		}
-		return err
+	return sb, nil
+}
+
+// await waits for sb's reply and takes its outcome, and that of every
+// batch before it. The caller holds a.mu.
+func (s *store) await(ctx context.Context, sb *sentBatch) error {
+	a := &s.ahead
+	sb.w.wait(sb)
+	if !sb.taken {
+		s.take(ctx, sb)
+	}
+	if sb.final != nil {
+		return sb.final
 	}
 	if a.trace != nil {
-		a.trace(pipeEvent{at: time.Now(), records: n, replied: true})
+		a.trace(pipeEvent{at: time.Now(), records: len(sb.b.rows.seq), replied: true})
 	}
-	b.committed()
 	return nil
 }
 
-// readBack reads the replies of everything on the pipeline and puts the
-// connection back in normal mode. A batch sent ahead that did not land
-// sets the sticky error, returned from then on; an awaited batch's error
-// is returned as its commit's would be (a lost bet, a lost reply settled
-// by content: resolve.go). After any error the connection is dropped. The
-// caller holds a.mu.
+// readBack waits for the replies of everything on the pipeline and takes
+// their outcomes (take). It returns the sticky error of a batch sent
+// ahead that did not land, or the error of the last batch if it failed.
+// The caller holds a.mu.
 func (s *store) readBack(ctx context.Context) error {
 	a := &s.ahead
-	sent := a.sent
-	a.sent = nil
-	var last error
-	for i, sb := range sent {
-		err := a.readOne(sb.n)
-		if err != nil && !ambiguous(err) {
-			err = sb.b.appendError(err)
-			s.dropPipeline() // what follows in the pipeline is unread: it followed a failed batch, and fails its compare-and-set
-			if sb.ahead || i < len(sent)-1 {
-				return s.aheadFailed(sb.b, err)
-			}
-			return err
-		}
-		if err != nil {
-			// The connection broke: every batch from this one on is
-			// settled by content, in order.
-			s.dropPipeline()
-			for _, sb := range sent[i:] {
-				err := sb.b.settle(ctx, err, sb.ahead)
-				if sb.b.conn != nil {
-					sb.b.conn.Release() // a re-run's
-					sb.b.conn = nil
-				}
-				if err != nil && sb.ahead {
-					return s.aheadFailed(sb.b, err)
-				}
-				last = err
-			}
-			return last
-		}
+	if len(a.sent) == 0 {
+		return nil
 	}
-	if a.pipe != nil {
-		if err := a.pipe.Close(); err != nil {
-			a.pipe = nil
-			s.dropPipeline()
-			return nil // every reply was read: the batches landed
-		}
-		a.pipe = nil
+	last := a.sent[len(a.sent)-1]
+	s.take(ctx, last)
+	if a.err != nil {
+		return a.err
 	}
-	return nil
+	return last.final
 }
 
-// readOne reads the replies of one batch: n statements, then its Sync.
-func (a *ahead) readOne(n int) error {
-	for range n {
-		res, err := a.pipe.GetResults()
-		if err != nil {
-			return err
+// take takes the outcomes of the batches on the pipeline, in order, up to
+// and including upTo, waiting for each one's reply: a batch sent ahead
+// that did not land sets the sticky error (aheadFailed), which every batch
+// after it gets (it followed a failed batch, and failed its
+// compare-and-set); an awaited batch's error is its own, as its commit's
+// would be (a lost bet, a lost reply settled by content: resolve.go).
+// After any error the connection is dropped. The caller holds a.mu.
+func (s *store) take(ctx context.Context, upTo *sentBatch) {
+	a := &s.ahead
+	for len(a.sent) > 0 && !upTo.taken {
+		sb := a.sent[0]
+		sb.w.wait(sb)
+		err := sb.err
+		if err == nil {
+			a.sent = a.sent[1:]
+			sb.taken = true
+			continue
 		}
-		rr, ok := res.(*pgconn.ResultReader)
-		if !ok {
-			return fmt.Errorf("pgstore: pipeline: a %T for a statement", res)
+		rest := a.sent
+		if !ambiguous(err) {
+			err = sb.b.appendError(err)
+			if sb.ahead || len(rest) > 1 {
+				err = s.aheadFailed(sb.b, err)
+			}
+			sb.final, sb.taken = err, true
+			s.dropPipeline(err) // what follows in the pipeline followed a failed batch, and fails its compare-and-set
+			return
 		}
-		if _, err := rr.Close(); err != nil {
-			return err
+		// The connection broke: every batch from this one on is settled
+		// by content, in order.
+		s.dropPipeline(nil)
+		for i, sb := range rest {
+			err := sb.b.settle(ctx, err, sb.ahead)
+			if sb.b.conn != nil {
+				sb.b.conn.Release() // a re-run's
+				sb.b.conn = nil
+			}
+			if err != nil && sb.ahead {
+				err = s.aheadFailed(sb.b, err)
+				for _, r := range rest[i:] {
+					r.final, r.taken = err, true
+				}
+				return
+			}
+			sb.final, sb.taken = err, true
 		}
+		return
 	}
-	res, err := a.pipe.GetResults()
-	if err != nil {
-		return err
+	if !upTo.taken {
+		// Dropped with the connection before its reply was read (the
+		// session was lost): the server ran what it received, or not.
+		upTo.final, upTo.taken = s.droppedError(upTo.b), true
 	}
-	if _, ok := res.(*pgconn.PipelineSync); !ok {
-		return fmt.Errorf("pgstore: pipeline: a %T for a Sync", res)
+}
+
+// droppedError is the outcome of a batch whose connection was closed
+// before its reply was taken.
+func (s *store) droppedError(b *batch) error {
+	if s.ahead.err != nil {
+		return s.ahead.err
 	}
-	return nil
+	first, last := b.marks()
+	return fmt.Errorf("%w: pgstore: run %s: the pipeline's connection was closed before the reply of records %d-%d was read (the session was lost): their outcome is unknown; this Run is read-only: open the run again",
+		runstate.ErrSessionLost, s.name, first.Seq, last.Seq)
 }
 
 // aheadFailed makes the sticky error of batch b, sent ahead, that did not
@@ -306,36 +361,43 @@ func (s *store) aheadFailed(b *batch, err error) error {
 
 // dropPipeline closes the pipeline's connection without reading what is
 // left, as a killed process's would be (the server still runs what it
-// received, then frees the session's pipeline key). The caller holds a.mu.
-func (s *store) dropPipeline() {
+// received, then frees the session's pipeline key). Every batch whose
+// outcome was not taken gets err (nil: droppedError). The caller holds
+// a.mu.
+func (s *store) dropPipeline(err error) {
 	a := &s.ahead
-	if a.conn == nil {
+	if a.w == nil {
 		return
 	}
-	closeNow(a.conn)
-	a.conn, a.pipe, a.stmts, a.sent = nil, nil, nil, nil
+	a.w.close()
+	for _, sb := range a.sent {
+		if !sb.taken {
+			sb.final, sb.taken = err, true
+			if err == nil {
+				sb.final = s.droppedError(sb.b)
+			}
+		}
+	}
+	a.w, a.stmts, a.sent = nil, nil, nil
 }
 
-// releasePipeline reads back what is on the pipeline, which leaves its
-// connection in normal mode; end: the connection is closed too (its key
-// let go). It is kept otherwise, with its statements prepared: opening one
-// takes a connection's setup, and a batch of projections alone, which does
-// not go on the pipeline, comes as often as every 50 ms while records come
-// (the views' timer, runstate's handoffLag; the manifest's at most every
-// second). The caller holds a.mu.
+// releasePipeline reads back what is on the pipeline; end: the connection
+// is closed too (its key let go). It is kept otherwise, with its
+// statements prepared: opening one takes a connection's setup, and a
+// batch of projections alone, which does not go on the pipeline, comes as
+// often as every 50 ms while records come (the views' timer, runstate's
+// handoffLag; the manifest's at most every second). The caller holds a.mu.
 func (s *store) releasePipeline(ctx context.Context, end bool) error {
 	err := s.readBack(ctx)
-	if a := &s.ahead; a.conn != nil && end {
+	if a := &s.ahead; a.w != nil && end {
 		// Its key let go before the connection ends (the server frees it
 		// only when the backend exits, a moment after a Terminate).
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pingTimeout)
-		if _, uerr := a.conn.Exec(cctx, "SELECT pg_advisory_unlock($1)", a.key); uerr != nil {
-			closeNow(a.conn)
+		if uerr := a.w.exec(fmt.Sprintf("SELECT pg_advisory_unlock(%d)", a.key), pingTimeout); uerr != nil {
+			a.w.close()
 		} else {
-			_ = a.conn.Close(cctx)
+			a.w.terminate()
 		}
-		cancel()
-		a.conn, a.stmts = nil, nil
+		a.w, a.stmts = nil, nil
 	}
 	if err == nil {
 		err = s.ahead.err
@@ -375,9 +437,9 @@ func (s *store) closeAhead(clean bool) {
 		_ = s.releasePipeline(context.Background(), true)
 		return
 	}
-	if a.conn != nil {
+	if a.w != nil {
 		key := a.key
-		s.dropPipeline()
+		s.dropPipeline(nil)
 		// Gone to the others only once the server has freed its key.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		waitAdvisoryFree(ctx, s.db, key)
@@ -393,7 +455,7 @@ func (s *store) closeAhead(clean bool) {
 // wrote to its pipeline: the server frees the key when it ends the
 // backend, after the input it had. A key still held by the session's
 // previous pipeline (being closed) is waited for, as long as ctx allows.
-func (s *store) pipeConnect(ctx context.Context, ses *session) (*pgx.Conn, error) {
+func (s *store) pipeConnect(ctx context.Context, ses *session) (*wire, error) {
 	cfg := s.db.lockCfg.Copy()
 	cfg.RuntimeParams["application_name"] = "runstate pipeline " + ses.id
 	conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -404,7 +466,12 @@ func (s *store) pipeConnect(ctx context.Context, ses *session) (*pgx.Conn, error
 		closeNow(conn)
 		return nil, s.db.connectError(err)
 	}
-	return conn, nil
+	w, err := hijack(ctx, conn)
+	if err != nil {
+		closeNow(conn)
+		return nil, s.db.connectError(err)
+	}
+	return w, nil
 }
 
 // lostAhead is the session's dropAhead (session.go): once the session is
@@ -415,5 +482,5 @@ func (s *store) lostAhead() {
 	a := &s.ahead
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.dropPipeline()
+	s.dropPipeline(nil)
 }

@@ -3,8 +3,11 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
@@ -19,6 +22,21 @@ func plansOf(ctx context.Context, t *testing.T, conn *pgx.Conn, pattern string) 
 	t.Helper()
 	err := conn.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
 		FROM pg_prepared_statements WHERE statement LIKE $1`, pattern).Scan(&generic, &custom)
+	require.NoError(t, err)
+	return generic, custom
+}
+
+// wirePlans is plansOf on the pipeline's connection. The caller holds
+// ahead.mu and has read back what is on the pipeline.
+func wirePlans(t *testing.T, w *wire, pattern string) (generic, custom int64) {
+	t.Helper()
+	rows, err := w.query(`SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
+		FROM pg_prepared_statements WHERE statement LIKE '`+strings.ReplaceAll(pattern, "'", "''")+`'`, 10*time.Second)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	generic, err = strconv.ParseInt(string(rows[0][0]), 10, 64)
+	require.NoError(t, err)
+	custom, err = strconv.ParseInt(string(rows[0][1]), 10, 64)
 	require.NoError(t, err)
 	return generic, custom
 }
@@ -69,9 +87,9 @@ func TestBatchesOfSeveralRecordsRunOnTheGenericPlan(t *testing.T) {
 				}
 				a := &st.ahead
 				a.mu.Lock()
-				if a.conn != nil {
+				if a.w != nil {
 					require.NoError(t, st.readBack(ctx))
-					g, c2 := arrayPlans(ctx, t, a.conn)
+					g, c2 := wirePlans(t, a.w, "%unnest($2::bigint[]%")
 					generic, custom, onPipe = generic+g, custom+c2, onPipe+g+c2
 				}
 				a.mu.Unlock()
