@@ -25,8 +25,8 @@ import (
 // exclusive (session.go: every session holds it shared from Open to
 // Close, so only a session alone can have it; one that opens meanwhile
 // asks for it through the want lock, and waits), and then sends its
-// optimistic batches (runstate.Optimist) on one connection in pipeline
-// mode: a batch of begins (synchronous_commit off) is written to the
+// optimistic batches (runstate.Optimist) pipelined on one connection
+// (wire.go): a batch of begins (synchronous_commit off) is written to the
 // connection and Confirm returns without its reply, so the stage's work
 // starts; the complete's batch is written behind it, on the same
 // connection, and its Sync reads both replies, the begin's first. While

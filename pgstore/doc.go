@@ -97,7 +97,7 @@
 // Every session also holds its run's advisory lock (key: from
 // sha256("runstate/run/"+id)) shared, from Open to Close. A session that
 // is the only one open takes it exclusive (its pinger tries every second)
-// and then sends its batches on one connection in pipeline mode: a batch
+// and then sends its batches pipelined on one connection of its own: a batch
 // of begins is written and the stage's work starts without its reply; the
 // complete's batch is written behind it and reads both replies. A
 // checkpoint then waits for one round trip instead of two, and the server
