@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
 	"testing"
 	"time"
 
@@ -33,22 +32,10 @@ type cutFixture struct {
 
 func newCutFixture(t *testing.T) *cutFixture {
 	t.Helper()
-	dsn := withSchema(testDSN(t), newSchema(t))
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
-	p, err := pgproxy.New(u.Host)
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
-	q := u.Query()
-	q.Set("sslmode", "disable")
-	u.RawQuery = q.Encode()
-	direct, err := Connect(context.Background(), u.String())
+	p, db, dsn := proxiedDB(t)
+	direct, err := Connect(context.Background(), dsn)
 	require.NoError(t, err)
 	t.Cleanup(direct.Close)
-	u.Host = p.Addr()
-	db, err := Connect(context.Background(), u.String())
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
 	return &cutFixture{proxy: p, db: db, direct: direct, run: "r"}
 }
 

@@ -211,6 +211,27 @@ func TestRunKilledHolderInterruptedWithinBound(t *testing.T) {
 	t.Logf("SIGKILL -> stage interrupted and begun again: median %v (min %v, max %v, %d rounds)", lat[len(lat)/2], lat[0], lat[len(lat)-1], len(lat))
 }
 
+// proxiedDB is a DB on a new schema whose every connection goes through a
+// proxy (without TLS, which the proxy cannot read), both closed when the
+// test ends, and the DSN of the same schema not through the proxy.
+func proxiedDB(t *testing.T) (*pgproxy.Proxy, *DB, string) {
+	t.Helper()
+	u, err := url.Parse(withSchema(testDSN(t), newSchema(t)))
+	require.NoError(t, err)
+	p, err := pgproxy.New(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+	direct := u.String()
+	u.Host = p.Addr()
+	db, err := Connect(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	return p, db, direct
+}
+
 // A connection lost around the COMMIT of a Do's complete: cut before the
 // COMMIT (not committed: the batch runs again) and after it (committed, the
 // reply lost): Do returns nil either way, and the stage has exactly one
@@ -218,17 +239,8 @@ func TestRunKilledHolderInterruptedWithinBound(t *testing.T) {
 func TestRunCommitCutDoReturnsNilAndRecordsOnce(t *testing.T) {
 	for _, cut := range []pgproxy.Cut{pgproxy.BeforeCommit, pgproxy.AfterCommit} {
 		t.Run(cut.String(), func(t *testing.T) {
-			dsn := withSchema(testDSN(t), newSchema(t))
-			u, err := url.Parse(dsn)
-			require.NoError(t, err)
-			p, err := pgproxy.New(u.Host)
-			require.NoError(t, err)
-			defer p.Close()
-			u.Host = p.Addr()
+			p, db, _ := proxiedDB(t)
 			ctx := context.Background()
-			db, err := Connect(ctx, u.String())
-			require.NoError(t, err)
-			defer db.Close()
 			dir := t.TempDir()
 			run, err := db.Open(ctx, "run", dir, &runstate.Options{Request: "pgfault"})
 			require.NoError(t, err)
