@@ -206,6 +206,12 @@ func (s *store) write(ctx context.Context, b *batch, pb *pgx.Batch, lazy bool) (
 		if err != nil {
 			s.blobs.putBack(b.inline)
 			s.dropPipeline(nil)
+			if ambiguous(err) {
+				// The connection failed (the server ended the backend:
+				// pg_terminate_backend, a restart, a failover): nothing
+				// of the batch was sent, and Lock decides it again.
+				return nil, fmt.Errorf("%w: %w", runstate.ErrConflict, s.db.connectError(err))
+			}
 			return nil, b.appendError(err)
 		}
 		a.stmts[q.SQL] = sd
