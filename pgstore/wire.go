@@ -202,7 +202,13 @@ func (w *wire) query(sql string, timeout time.Duration) ([][][]byte, error) {
 	if err := w.flush(sb); err != nil {
 		return nil, err
 	}
-	t := time.AfterFunc(timeout, func() { _ = w.nc.Close() })
+	t := time.AfterFunc(timeout, func() {
+		select {
+		case <-sb.done: // answered as the timer fired: the connection stays
+		default:
+			_ = w.nc.Close()
+		}
+	})
 	w.wait(sb)
 	if !t.Stop() && sb.err != nil {
 		return nil, errors.New("pgstore: pipeline: no reply in time")
