@@ -25,9 +25,9 @@ import (
 // every awaited batch, and each flush handed the reads to a background
 // reader goroutine (pgconn's guard against a write blocked by unread
 // replies), whose hand-offs a checkpoint waited for: a sequential
-// checkpoint took 1.82 × a raw INSERT on the wire against 2.05 × through
-// pgconn in 10 alternating pairs of runs of bench/cmd/pgcompare, 2.03
-// against 2.12 in 6 more (bench/README.md, 2026-12-07).
+// checkpoint took 1.94 × a raw INSERT on the wire against 2.09 × through
+// pgconn (medians of 26 alternating pairs of runs of bench/cmd/pgcompare,
+// the median pair 6% faster: bench/README.md, 2026-12-07).
 // Writes go through one frontend, under ahead.mu; replies are read
 // through another, in the order the batches were written, by whichever
 // goroutine waits for one (wait), one at a time. Closing the connection
