@@ -21,13 +21,13 @@ import (
 // is set up (Hijack) and spoken to in the extended protocol directly: a
 // batch is its Bind/Execute messages and a Sync, written with one write;
 // its reply is read up to the Sync's ReadyForQuery. pgconn's Pipeline
-// did the same with more on the way: a pipeline started and closed for
-// every awaited batch, and each flush handed the reads to a background
-// reader goroutine (pgconn's guard against a write blocked by unread
-// replies), whose hand-offs a checkpoint waited for: a sequential
-// checkpoint took 1.94 × a raw INSERT on the wire against 2.09 × through
-// pgconn (medians of 26 alternating pairs of runs of bench/cmd/pgcompare,
-// the median pair 6% faster: bench/README.md, 2026-12-07).
+// sends the same messages with more work around them (a pipeline started
+// and closed for every awaited batch, a timer armed around every flush
+// against a write blocked by unread replies, a result reader for every
+// statement): a sequential checkpoint took 1.94 × a raw INSERT on the
+// wire against 2.09 × through pgconn (medians of 26 alternating pairs of
+// runs of bench/cmd/pgcompare, the median pair 6% faster:
+// bench/README.md, 2026-12-07).
 // Writes go through one frontend, under ahead.mu; replies are read
 // through another, in the order the batches were written, by whichever
 // goroutine waits for one (wait), one at a time. Closing the connection
