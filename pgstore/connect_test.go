@@ -285,11 +285,11 @@ func adminConn(t *testing.T, dsn string) *pgx.Conn {
 // such, with what to do, not as a server that does not run.
 func TestConnectToAServerThatAcceptsNoConnectionsNowSaysSo(t *testing.T) {
 	s := startServer(t, nil, nil)
-	require.NoError(t, s.run("pg_ctl", "-D", s.data, "-m", "fast", "-w", "stop"))
-	require.NoError(t, os.WriteFile(filepath.Join(s.data, "standby.signal"), nil, 0o644))
-	s.settings = append(s.settings, "hot_standby=off")
-	s.start(t)
-	_, err := Connect(context.Background(), s.dsn("127.0.0.1"))
+	require.NoError(t, s.Run("pg_ctl", "-D", s.Data, "-m", "fast", "-w", "stop"))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Data, "standby.signal"), nil, 0o644))
+	s.Settings = append(s.Settings, "hot_standby=off")
+	s.Start(t)
+	_, err := Connect(context.Background(), s.DSN("127.0.0.1"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "57P03")
 	assert.Contains(t, err.Error(), "accepts no connections now")
@@ -306,7 +306,7 @@ func TestHandoffWarnsOfAServerWithoutFsync(t *testing.T) {
 	for _, c := range []struct {
 		dsn  string
 		warn bool
-	}{{withSchema(s.dsn("127.0.0.1"), "runstate"), true}, {withSchema(testDSN(t), newSchema(t)), false}} {
+	}{{withSchema(s.DSN("127.0.0.1"), "runstate"), true}, {withSchema(testDSN(t), newSchema(t)), false}} {
 		db, err := Connect(context.Background(), c.dsn)
 		require.NoError(t, err)
 		dir := t.TempDir()

@@ -176,7 +176,7 @@ func failFlush() (restore func()) {
 func holdWALDB(t *testing.T) *DB {
 	t.Helper()
 	srv := startServerWith(t, nil, nil, holdWAL)
-	db, err := Connect(context.Background(), srv.dsn("127.0.0.1")+"&schema=flush")
+	db, err := Connect(context.Background(), srv.DSN("127.0.0.1")+"&schema=flush")
 	require.NoError(t, err)
 	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
 	return db

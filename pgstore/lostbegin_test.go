@@ -22,9 +22,9 @@ import (
 // to the postmaster: every process exits at once, nothing more is written,
 // the next start replays the WAL), without pg_ctl's start-up time, and
 // waits until the postmaster is gone.
-func (s *pgServer) crashNow(t testing.TB) {
+func crashNow(t testing.TB, s *pgServer) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid"))
+	data, err := os.ReadFile(filepath.Join(s.Data, "postmaster.pid"))
 	require.NoError(t, err, "the test server's postmaster.pid")
 	first, _, _ := strings.Cut(string(data), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(first))
@@ -67,7 +67,7 @@ func TestServerCrashLosingALazyBeginStopsItsSession(t *testing.T) {
 func serverCrashLosingALazyBegin(t *testing.T, bet bool) {
 	srv := startServerWith(t, nil, nil, holdWAL)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=lostbegin")
+	db, err := Connect(ctx, srv.DSN("127.0.0.1")+"&schema=lostbegin")
 	require.NoError(t, err)
 	defer db.Close()
 	dir := t.TempDir()
@@ -84,8 +84,8 @@ func serverCrashLosingALazyBegin(t *testing.T, bet bool) {
 	require.NoError(t, err, "the lazy begin is acknowledged")
 	var write, insert string
 	require.NoError(t, db.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_current_wal_insert_lsn()::text`).Scan(&write, &insert))
-	srv.crashNow(t)
-	srv.start(t)
+	crashNow(t, srv)
+	srv.Start(t)
 	t.Logf("at the crash the server had written its WAL up to %s, inserted up to %s", write, insert)
 
 	after := readAll(t, db.Store("run"))

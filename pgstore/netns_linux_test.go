@@ -99,7 +99,7 @@ func newMachineServer(t *testing.T) (*machine, *pgServer, *DB) {
 	t.Helper()
 	m := newMachine(t)
 	srv := startServer(t, []string{m.hostIP}, []string{m.network})
-	db, err := Connect(context.Background(), srv.dsn("127.0.0.1")+"&schema=netns")
+	db, err := Connect(context.Background(), srv.DSN("127.0.0.1")+"&schema=netns")
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
 	return m, srv, db
@@ -115,7 +115,7 @@ func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 	run, err := db.Open(ctx, "run", t.TempDir(), &runstate.Options{Request: "pgfault"})
 	require.NoError(t, err)
 	defer run.Close()
-	ch := startChild(t, "stageholder", stageHolderArgs{runArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}, "held"}, m.wrap()...)
+	ch := startChild(t, "stageholder", stageHolderArgs{runArgs{DSN: srv.DSN(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}, "held"}, m.wrap()...)
 	var h holding
 	ch.expect("holding", time.Minute, &h)
 	_, err = run.Begin(ctx, "held")
@@ -157,7 +157,7 @@ func TestRunMachineDeathTakeoverAndFence(t *testing.T) {
 func TestRunMachineDeathAloneTakeover(t *testing.T) {
 	m, srv, db := newMachineServer(t)
 	ctx := context.Background()
-	ch := startChild(t, "aheadholder", aheadArgs{runArgs: runArgs{DSN: srv.dsn(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}}, m.wrap()...)
+	ch := startChild(t, "aheadholder", aheadArgs{runArgs: runArgs{DSN: srv.DSN(m.hostIP) + "&schema=netns", Run: "run", Dir: t.TempDir()}}, m.wrap()...)
 	var r aheadReport
 	ch.expect("holding", time.Minute, &r)
 	require.Equal(t, r.SentBefore+1, r.SentNow, "held's begin went ahead of its reply")

@@ -23,7 +23,7 @@ import (
 func TestServerCrashKeepsEveryAcknowledgedRecord(t *testing.T) {
 	srv := startServer(t, nil, nil)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1")+"&schema=crash")
+	db, err := Connect(ctx, srv.DSN("127.0.0.1")+"&schema=crash")
 	require.NoError(t, err)
 	defer db.Close()
 
@@ -42,8 +42,8 @@ func TestServerCrashKeepsEveryAcknowledgedRecord(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return c.log.len() >= 40 }, "40 acknowledged batches before the crash")
 	before := c.log.len()
 	down := time.Now()
-	srv.crash(t)
-	srv.start(t)
+	srv.Crash(t)
+	srv.Start(t)
 	c.restarted.Store(true)
 	downFor := time.Since(down)
 	t.Logf("%d batches acknowledged before the crash; the server was down for %v", before, downFor.Round(time.Millisecond))
@@ -154,7 +154,7 @@ func (c *crashRun) writer(ctx context.Context, w int, after *atomic.Int32) error
 func TestServerCrashRunsResume(t *testing.T) {
 	srv := startServer(t, nil, nil)
 	ctx := context.Background()
-	dsn := srv.dsn("127.0.0.1") + "&schema=crashrun"
+	dsn := srv.DSN("127.0.0.1") + "&schema=crashrun"
 	db, err := Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer db.Close()
@@ -210,8 +210,8 @@ func TestServerCrashRunsResume(t *testing.T) {
 		}()
 	}
 	waitFor(t, 20*time.Second, func() bool { return done.Load() >= 20 }, "20 stages done before the crash")
-	srv.crash(t)
-	srv.start(t)
+	srv.Crash(t)
+	srv.Start(t)
 	wg.Wait()
 	recs := ledger(t, db, "run")
 	for w := range runs {

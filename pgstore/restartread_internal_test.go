@@ -24,7 +24,7 @@ import (
 func TestBlobReadsGoOnThroughAServerRestart(t *testing.T) {
 	srv := startServer(t, nil, nil)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1"))
+	db, err := Connect(ctx, srv.DSN("127.0.0.1"))
 	require.NoError(t, err)
 	defer db.Close()
 	bs := db.Store("restart").Blobs()
@@ -44,29 +44,19 @@ func TestBlobReadsGoOnThroughAServerRestart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, data, got)
 
-	restart := func() {
-		t.Helper()
-		// Every connection ended (57P01), none taken until the start; a
-		// fast stop keeps the blobs put with synchronous_commit off.
-		require.NoError(t, srv.run("pg_ctl", "-D", srv.data, "-m", "fast", "-w", "stop"))
-		go func() {
-			time.Sleep(time.Second)
-			srv.start(t)
-		}()
-	}
-	restart()
+	srv.Restart(t, time.Second) // every connection ended, none taken until the start
 	missing, err := bs.Missing(ctx, []string{sum})
 	require.NoError(t, err, "Missing through a restart")
 	assert.Empty(t, missing)
 
-	restart()
+	srv.Restart(t, time.Second)
 	got, err = get()
 	require.NoError(t, err, "Get through a restart")
 	assert.Equal(t, data, got)
 
 	other := bytes.Repeat([]byte("another output\n"), 10000)
 	h = sha256.Sum256(other)
-	restart()
+	srv.Restart(t, time.Second)
 	require.NoError(t, bs.Put(ctx, hex.EncodeToString(h[:]), int64(len(other)), bytes.NewReader(other)), "Put through a restart")
 	missing, err = bs.Missing(ctx, []string{hex.EncodeToString(h[:])})
 	require.NoError(t, err)
@@ -81,7 +71,7 @@ func TestBlobReadsGoOnThroughAServerRestart(t *testing.T) {
 func TestReadersGoOnThroughAServerRestart(t *testing.T) {
 	srv := startServer(t, nil, nil)
 	ctx := context.Background()
-	db, err := Connect(ctx, srv.dsn("127.0.0.1"))
+	db, err := Connect(ctx, srv.DSN("127.0.0.1"))
 	require.NoError(t, err)
 	defer db.Close()
 	r, err := db.Open(ctx, "one", t.TempDir(), &runstate.Options{Request: "read through a restart"})
@@ -89,17 +79,6 @@ func TestReadersGoOnThroughAServerRestart(t *testing.T) {
 	require.NoError(t, r.Do(ctx, "a", func(context.Context, *runstate.Stage) error { return nil }))
 	require.NoError(t, r.Close())
 
-	restart := func() {
-		t.Helper()
-		require.NoError(t, srv.run("pg_ctl", "-D", srv.data, "-m", "fast", "-w", "stop"))
-		started := make(chan struct{})
-		go func() {
-			defer close(started)
-			time.Sleep(500 * time.Millisecond)
-			srv.start(t)
-		}()
-		t.Cleanup(func() { <-started })
-	}
 	for name, read := range map[string]func() error{
 		"Inspect": func() error {
 			st, err := db.Inspect(ctx, "one")
@@ -140,7 +119,7 @@ func TestReadersGoOnThroughAServerRestart(t *testing.T) {
 			return err
 		},
 	} {
-		restart()
+		srv.Restart(t, 500*time.Millisecond)
 		assert.NoError(t, read(), "%s through a restart", name)
 	}
 }

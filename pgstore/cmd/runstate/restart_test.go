@@ -5,13 +5,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
-	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,73 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/runstate/runstate"
 	"github.com/runstate/runstate/pgstore"
+	"github.com/runstate/runstate/pgstore/internal/pgtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// ownServer is a PostgreSQL server of one test's own, for a test that
-// restarts it: started from RUNSTATE_PG_BIN in a temporary data
-// directory, stopped and removed at the test's end.
-type ownServer struct {
-	bin, data string
-	port      int
-	as        []string
-}
-
-// startOwnServer initdbs and starts a server on 127.0.0.1. Without
-// RUNSTATE_PG_BIN the test skips, except under CI, where it fails.
-func startOwnServer(t *testing.T) *ownServer {
-	t.Helper()
-	bin := os.Getenv("RUNSTATE_PG_BIN")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("CI is set but RUNSTATE_PG_BIN is not: this test restarts a server of its own (.ci/run and pgstore/testdb.sh set it)")
-		}
-		t.Skip("RUNSTATE_PG_BIN is not set (the directory of PostgreSQL's initdb and pg_ctl)")
-	}
-	data, err := os.MkdirTemp("", "runstate-pgcli-server-")
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s := &ownServer{bin: bin, data: data, port: ln.Addr().(*net.TCPAddr).Port}
-	ln.Close()
-	if os.Geteuid() == 0 { // initdb and postgres refuse to run as root
-		u, err := user.Lookup("postgres")
-		require.NoError(t, err, "running as root, the test server needs a user postgres to run as")
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		require.NoError(t, os.Chown(data, uid, gid))
-		s.as = []string{"runuser", "-u", "postgres", "--"}
-	}
-	t.Cleanup(func() {
-		s.pgctl(t, "-m", "immediate", "-w", "stop")
-		os.RemoveAll(s.data)
-	})
-	argv := append(append([]string(nil), s.as...), filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale")
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	require.NoError(t, err, "initdb: %s", out)
-	s.start(t)
-	return s
-}
-
-func (s *ownServer) pgctl(t *testing.T, args ...string) error {
-	argv := append(append(append([]string(nil), s.as...), filepath.Join(s.bin, "pg_ctl"), "-D", s.data), args...)
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-func (s *ownServer) start(t *testing.T) {
-	t.Helper()
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c max_connections=100", s.port, s.data)
-	require.NoError(t, s.pgctl(t, "-l", filepath.Join(s.data, "server.log"), "-w", "-t", "60", "-o", opts, "start"))
-}
-
-func (s *ownServer) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-}
 
 // For pgstore's grace after a server restart (10 s in which a session
 // that held its lock before is not taken for gone), status says that it
@@ -95,8 +27,8 @@ func (s *ownServer) dsn() string {
 // (a note on standard error, no blocker) or ls. After the grace the stage
 // is interrupted.
 func TestStatusInTheRestartGraceSaysItCannotTellYet(t *testing.T) {
-	srv := startOwnServer(t)
-	dsn := srv.dsn()
+	srv := pgtest.Start(t, nil, nil, nil)
+	dsn := srv.DSN("127.0.0.1")
 	addr := address(dsn, "grace")
 	w := filepath.Join(t.TempDir(), "w")
 	res := runIn("plan", w, "-at", addr, "-request", "a server restart", "build")
@@ -124,10 +56,10 @@ func TestStatusInTheRestartGraceSaysItCannotTellYet(t *testing.T) {
 
 	// The server restarts, and the session dies meanwhile (a fast stop
 	// writes out the begin, which its session committed lazily).
-	require.NoError(t, srv.pgctl(t, "-m", "fast", "-w", "stop"))
+	srv.Stop(t, "fast")
 	require.NoError(t, cmd.Process.Kill())
 	cmd.Wait()
-	srv.start(t)
+	srv.Start(t)
 	started := time.Now()
 
 	res = runIn("status", addr)
@@ -193,8 +125,8 @@ const exitBlocked = 3
 // says so within noAnswer and some, tries again on a new connection, and
 // shows every record appended meanwhile once; SIGINT still ends it with 0.
 func TestLogFollowSaysWhenTheServerDoesNotAnswer(t *testing.T) {
-	srv := startOwnServer(t)
-	dsn := srv.dsn()
+	srv := pgtest.Start(t, nil, nil, nil)
+	dsn := srv.DSN("127.0.0.1")
 	ctx := context.Background()
 	db, err := pgstore.Connect(ctx, dsn)
 	require.NoError(t, err)
