@@ -59,7 +59,10 @@ the library's Do:
     that ends a directory's name or starts a ".stdout" or ".stderr" there:
     a.stdout/b keeps exec/a%2Estdout/b.stdout, so that it is not stage a's
     file; a part that would make a file name longer than 255 bytes keeps
-    its start and ends in "~" and a hash of STAGE).
+    its start and ends in "~" and a hash of STAGE). Letters keep their case:
+    where the file system ignores case (macOS, Windows), stages Build and
+    build would share one file, and exec refuses the second before its
+    begin, with nothing recorded.
   - Exit 0: every -out PATH must exist; the stage completes with the
     outputs and their hashes, durably. Non-zero: the stage fails
     (retryable, unless -person-exit or -fatal-exit names the status) and
@@ -786,6 +789,22 @@ func checkOutputs(r *runstate.Run, stage string, paths []string) error {
 	if s := stageOf(r, stage); s.State == runstate.StateComplete || s.State == runstate.StateSkipped {
 		return nil // Begin skips it, or checks again after its begin
 	}
+	for _, stream := range []string{"stdout", "stderr"} {
+		p := stdPath(stage, stream)
+		other, err := spelledAs(osDir(r.Dir()), p)
+		if err != nil {
+			return fmt.Errorf("runstate: %s, where exec keeps the output of stage %s: %w", p, quoteArg(stage), err)
+		}
+		if other != "" {
+			whose := "another stage's output"
+			for _, s := range statusOf(r).Stages {
+				if s.Name != stage && (stdPath(s.Name, "stdout") == other || stdPath(s.Name, "stderr") == other) {
+					whose = "the output of stage " + quoteArg(s.Name)
+				}
+			}
+			return fmt.Errorf("runstate: %s, where exec keeps the output of stage %s, is %s on this file system, which ignores case: %s, which exec would replace; rename one of the two stages (their names differ only in case), then run the stage again; nothing recorded", p, quoteArg(stage), other, whose)
+		}
+	}
 	for _, p := range paths {
 		if fi, err := os.Stat(filepath.Join(r.Dir(), filepath.FromSlash(p))); err == nil && fi.IsDir() {
 			// The attempt would fail only after its work: an output is a file.
@@ -804,6 +823,69 @@ func checkOutputs(r *runstate.Run, stage string, paths []string) error {
 		}
 	}
 	return nil
+}
+
+// osDir is the file system under the run directory that checkOutputs
+// looks at: a variable, so that a test can give it one that ignores case
+// (no file system here does).
+var osDir = func(dir string) fs.StatFS { return os.DirFS(dir).(fs.StatFS) }
+
+// spelledAs returns the name under which the file system keeps path (a
+// stage's file under exec/, relative to fsys) when that is another name,
+// which only a file system that ignores case does (macOS's and Windows's
+// by default, exFAT, ext4 with casefold): there, exec/build.stdout is
+// exec/Build.stdout, stage Build's output, which stage build's attempt
+// would replace. It returns "" when path does not exist, or exists under
+// its own name. A part that exists costs one more Lstat (its name in the
+// other case), and a read of its directory only when that exists too.
+func spelledAs(fsys fs.StatFS, path string) (string, error) {
+	parts := strings.Split(path, "/")
+	kept, other := parts[0], false // parts[0] is exec, every stage's
+	for i := 1; i < len(parts); i++ {
+		parent := strings.Join(parts[:i], "/")
+		if _, err := fs.Lstat(fsys, parent+"/"+parts[i]); errors.Is(err, fs.ErrNotExist) {
+			return "", nil
+		} else if err != nil {
+			return "", err
+		}
+		own := parts[i]
+		if _, err := fs.Lstat(fsys, parent+"/"+swapCase(own)); !errors.Is(err, fs.ErrNotExist) {
+			// Case may not tell names apart here: the directory says
+			// which name it keeps.
+			entries, err := fs.ReadDir(fsys, parent)
+			if err != nil {
+				return "", err
+			}
+			own = ""
+			for _, e := range entries {
+				if e.Name() == parts[i] || own == "" && strings.EqualFold(e.Name(), parts[i]) {
+					own = e.Name()
+				}
+			}
+			if own == "" { // gone meanwhile
+				return "", nil
+			}
+		}
+		kept, other = kept+"/"+own, other || own != parts[i]
+	}
+	if !other {
+		return "", nil
+	}
+	return kept, nil
+}
+
+// swapCase is s with its ASCII letters in the other case (the letters exec
+// keeps in a name: it escapes every other byte).
+func swapCase(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case 'a' <= r && r <= 'z':
+			return r - 'a' + 'A'
+		case 'A' <= r && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return r
+	}, s)
 }
 
 // createStd creates the files that keep the command's standard output
