@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -40,6 +41,9 @@ type Server struct {
 	Listen    string   // listen_addresses
 	AsUser    []string // the command prefix that runs a server binary as postgres, when the test runs as root
 	Settings  []string // more -c NAME=VALUE for postgres, at every Start
+
+	mu       sync.Mutex
+	starting chan struct{} // closed when Restart's start has returned
 }
 
 // Start initdbs and starts a server listening on 127.0.0.1 and on the
@@ -129,11 +133,17 @@ func (s *Server) start() error {
 // Restart stops the server (pg_ctl stop -m fast: every connection ended
 // with 57P01, what was committed kept) and starts it again after down, in
 // a goroutine of its own, so that the test meanwhile meets a server that
-// is not there. The test's end waits for the start.
+// is not there. The test's end, and the next Stop, Crash or Restart, wait
+// for the start to return: the server accepts connections before pg_ctl
+// start -w has seen it ready (it looks ten times a second), and a stop in
+// between made that start fail.
 func (s *Server) Restart(t testing.TB, down time.Duration) {
 	t.Helper()
 	s.Stop(t, "fast")
 	started := make(chan struct{})
+	s.mu.Lock()
+	s.starting = started
+	s.mu.Unlock()
 	go func() {
 		defer close(started)
 		time.Sleep(down)
@@ -145,9 +155,15 @@ func (s *Server) Restart(t testing.TB, down time.Duration) {
 }
 
 // Stop stops the server with pg_ctl's mode (smart, fast, immediate) and
-// waits until it is down.
+// waits until it is down, after a start Restart began has returned.
 func (s *Server) Stop(t testing.TB, mode string) {
 	t.Helper()
+	s.mu.Lock()
+	starting := s.starting
+	s.mu.Unlock()
+	if starting != nil {
+		<-starting
+	}
 	if err := s.Run("pg_ctl", "-D", s.Data, "-m", mode, "-w", "stop"); err != nil {
 		t.Fatal(err)
 	}
