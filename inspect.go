@@ -79,7 +79,8 @@ type Report struct {
 	Problems []Problem `json:"problems"` // empty when everything holds; never nil
 }
 
-// OK reports whether Verify found nothing wrong.
+// OK reports whether Verify found nothing wrong. It only reads r: safe
+// for concurrent use with other reads.
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
 // Verify checks the whole run in dir without a snapshot, the way SQLite's

@@ -61,7 +61,8 @@ type Blocker struct {
 }
 
 // Stage returns the status of the named stage, and false if the run has
-// never heard of it.
+// never heard of it. It only reads s: safe for concurrent use with other
+// reads.
 func (s *Status) Stage(name string) (StageStatus, bool) {
 	for _, st := range s.Stages {
 		if st.Name == name {

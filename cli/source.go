@@ -317,6 +317,7 @@ type Chain struct {
 // reader does (runstate.DecodeLine: the exact keys, its crc), checks
 // that it continues the chain, and advances. The error says what is
 // wrong with the line; the caller adds where the line is and what to do.
+// Not safe for concurrent use: it advances c.
 func (c *Chain) Next(line []byte) (*runstate.Record, error) {
 	r, has, err := runstate.DecodeLine(line)
 	switch {
