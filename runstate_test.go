@@ -700,6 +700,36 @@ func TestBeginRedoesWhenOutputMissingOrAltered(t *testing.T) {
 	assert.Equal(t, 3, runs, "restored output: done")
 }
 
+// Two stages that write one file redo each other on every run: each
+// one's attempt replaces the other's recorded output. The reason of the
+// redo says so, and names the other stage, where "output x altered" alone
+// left the user to find out why; a stage whose output a person altered
+// gets the plain reason (the test above).
+func TestTwoStagesThatWriteOneFileAreNamedInTheReason(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	fn := func(name string) func(context.Context, *runstate.Stage) error {
+		return func(_ context.Context, st *runstate.Stage) error {
+			return st.WriteFile("artifacts/report", []byte("by "+name))
+		}
+	}
+	require.NoError(t, r.Do(ctx, "a", fn("a")))
+	require.NoError(t, r.Do(ctx, "b", fn("b")))
+	st, err := r.Begin(ctx, "a")
+	require.NoError(t, err, "a's output is b's now: a runs again")
+	status, err := r.Status()
+	require.NoError(t, err)
+	bStatus, _ := status.Stage("b")
+	want := fmt.Sprintf("; stage b records that output too (complete at seq %d): two stages that write one file redo each other on every run: give each its own path (or invalidate the one that left the pipeline)", bStatus.DoneSeq)
+	assert.True(t, strings.HasPrefix(st.Reason(), "output artifacts/report altered ("), st.Reason())
+	assert.True(t, strings.HasSuffix(st.Reason(), want), st.Reason())
+	require.NoError(t, st.WriteFile("artifacts/report", []byte("by a")))
+	require.NoError(t, st.Complete())
+	inv := events(checkLedger(t, dir), "invalidate", "a")
+	require.Len(t, inv, 1)
+	assert.Equal(t, st.Reason(), inv[0].Reason, "the invalidate record keeps it")
+}
+
 func TestInputChangedWhileRunningIsStale(t *testing.T) {
 	ctx := context.Background()
 	r, dir := newTestRun(t)

@@ -150,8 +150,9 @@ func (st *Stage) closedOr(err error) error {
 // keeps a copy of an output of up to 64 KiB (up to 1 MiB a stage), and
 // Complete stores those bytes, the ones its record names, without reading
 // the file again; any other output is read from its file then, and
-// Complete fails if it changed since WriteFile. Safe for concurrent use;
-// after the attempt ended it returns ErrClosed.
+// Complete fails if it changed since WriteFile. An output is one stage's
+// (see Output). Safe for concurrent use; after the attempt ended it
+// returns ErrClosed.
 func (st *Stage) WriteFile(path string, data []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -192,7 +193,10 @@ func (st *Stage) running(s *state) (*StageStatus, error) {
 // outputs. It is hashed when the stage completes (or awaits); it must exist
 // then. Like WriteFile, path must stay inside the run directory. Output
 // writes nothing: the ledger records the output with Complete or Await.
-// Safe for concurrent use; after the attempt ended it returns ErrClosed.
+// An output is one stage's: two stages that write one file replace each
+// other's recorded output, and so redo each other on every run (the
+// reason of the redo names the other stage). Safe for concurrent use;
+// after the attempt ended it returns ErrClosed.
 func (st *Stage) Output(path string) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()

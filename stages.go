@@ -456,8 +456,8 @@ func (r *Run) Begin(ctx context.Context, name string, inputs ...Input) (*Stage, 
 					return nil, errRecheck
 				}
 				reason := staleReason(ev.recorded(st.Inputs), fps)
-				if reason == "" {
-					reason = outReason
+				if reason == "" && outReason != "" {
+					reason = outReason + sharedOutput(s, name, st.Outputs, outReason)
 				}
 				if reason == "" && ev.validFor > 0 {
 					reason = expired(st.DoneAt, time.Now(), ev.validFor)
@@ -703,4 +703,34 @@ func (r *Run) Invalidate(ctx context.Context, stage, reason string) error {
 		return []*Record{{Ev: evInvalidate, Stage: stage, Reason: reason, By: by}}, nil
 	})
 	return err
+}
+
+// sharedOutput says, for a done stage that runs again because its output
+// was altered (why, from outputs.check), which other done stage records
+// that path too: two stages that write one file redo each other on every
+// run (each one's attempt replaces the other's recorded output), which
+// the reason alone ("output x altered") does not explain. It returns ""
+// when no other stage does. O(stages), on this path alone.
+func sharedOutput(s *state, stage string, outs []Output, why string) string {
+	for _, o := range outs {
+		if !strings.HasPrefix(why, "output "+o.Path+" altered") {
+			continue
+		}
+		var other *StageStatus
+		for _, st := range s.stages {
+			if st.Name == stage || st.State != StateComplete || (other != nil && st.DoneSeq < other.DoneSeq) {
+				continue
+			}
+			for _, p := range st.Outputs {
+				if p.Path == o.Path {
+					other = st
+					break
+				}
+			}
+		}
+		if other != nil {
+			return fmt.Sprintf("; stage %s records that output too (complete at seq %d): two stages that write one file redo each other on every run: give each its own path (or invalidate the one that left the pipeline)", other.Name, other.DoneSeq)
+		}
+	}
+	return ""
 }
