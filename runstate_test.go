@@ -720,7 +720,7 @@ func TestTwoStagesThatWriteOneFileAreNamedInTheReason(t *testing.T) {
 	status, err := r.Status()
 	require.NoError(t, err)
 	bStatus, _ := status.Stage("b")
-	want := fmt.Sprintf("; stage b records that output too (complete at seq %d): two stages that write one file redo each other on every run: give each its own path (or invalidate the one that left the pipeline)", bStatus.DoneSeq)
+	want := fmt.Sprintf("; stage b records it too (seq %d): two stages writing one file redo each other: give each its own path", bStatus.DoneSeq)
 	assert.True(t, strings.HasPrefix(st.Reason(), "output artifacts/report altered ("), st.Reason())
 	assert.True(t, strings.HasSuffix(st.Reason(), want), st.Reason())
 	require.NoError(t, st.WriteFile("artifacts/report", []byte("by a")))

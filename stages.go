@@ -729,7 +729,7 @@ func sharedOutput(s *state, stage string, outs []Output, why string) string {
 			}
 		}
 		if other != nil {
-			return fmt.Sprintf("; stage %s records that output too (complete at seq %d): two stages that write one file redo each other on every run: give each its own path (or invalidate the one that left the pipeline)", other.Name, other.DoneSeq)
+			return fmt.Sprintf("; stage %s records it too (seq %d): two stages writing one file redo each other: give each its own path", other.Name, other.DoneSeq)
 		}
 	}
 	return ""

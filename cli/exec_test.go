@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -601,4 +602,21 @@ func TestExecLastRetryThatCouldNotRunSaysItAwaitsAPerson(t *testing.T) {
 	r = execCLI(t, dir, "b", []string{"-max-attempts", "1", "-out", filepath.Join(dir, "b.txt")}, "true")
 	assert.Equal(t, exitRunstate, r.code, r.err)
 	assert.Contains(t, r.err, "runstate exec: b: failed (attempt 1); it awaits a person now: runstate approve "+dir+" b -by NAME")
+}
+
+// Two stages that write one -out file redo each other on every exec, and
+// the line that says why a stage runs names the other one, within the
+// 200 bytes exec shows of a reason.
+func TestExecTwoStagesThatWriteOneFile(t *testing.T) {
+	dir, _ := shellRun(t, "a", "b")
+	report := filepath.Join(dir, "report.txt")
+	for _, stage := range []string{"a", "b"} {
+		r := execCLI(t, dir, stage, []string{"-out", report}, "sh", "-c", `echo "$RUNSTATE_STAGE" > "$0"`, report)
+		require.Equal(t, exitOK, r.code, "%s: %s", stage, r.err)
+	}
+	b := stageStatus(t, dir, "b")
+	r := execCLI(t, dir, "a", []string{"-out", report}, "sh", "-c", `echo "$RUNSTATE_STAGE" > "$0"`, report)
+	require.Equal(t, exitOK, r.code, r.err)
+	assert.Contains(t, r.err, "runstate exec: a: running (attempt 2): output report.txt altered (")
+	assert.Contains(t, r.err, fmt.Sprintf("; stage b records it too (seq %d): two stages writing one file redo each other: give each its own path\n", b.DoneSeq))
 }
