@@ -194,9 +194,11 @@ func (st *Stage) running(s *state) (*StageStatus, error) {
 // then. Like WriteFile, path must stay inside the run directory. Output
 // writes nothing: the ledger records the output with Complete or Await.
 // An output is one stage's: two stages that write one file replace each
-// other's recorded output, and so redo each other on every run (the
-// reason of the redo names the other stage). Safe for concurrent use;
-// after the attempt ended it returns ErrClosed.
+// other's recorded output. In a run directory they then redo each other
+// on every run (the reason of the redo names the other stage); where the
+// store keeps outputs' bytes (pgstore), each one's Begin puts its own
+// bytes back instead, and the file holds the last one's. Safe for
+// concurrent use; after the attempt ended it returns ErrClosed.
 func (st *Stage) Output(path string) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -98,6 +98,33 @@ func TestDoneStageOutputRestoredFromTheStore(t *testing.T) {
 	assert.Equal(t, runstate.StateComplete, st.Stages[0].State)
 }
 
+// Two stages that write one file, where the store keeps outputs' bytes:
+// neither is redone (in a run directory each redoes the other on every
+// run), each one's Begin puts its own bytes back, and the file holds the
+// last one's (Stage.Output says so).
+func TestTwoStagesThatWriteOneFileRestoreTheirOwn(t *testing.T) {
+	db := newTestDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	r, err := db.Open(ctx, "r", dir, &runstate.Options{Request: "one file"})
+	require.NoError(t, err)
+	defer r.Close()
+	runs := map[string]int{}
+	p := filepath.Join(dir, "out", "x.txt")
+	for range 3 {
+		for _, name := range []string{"a", "b"} {
+			require.NoError(t, r.Do(ctx, name, func(ctx context.Context, st *runstate.Stage) error {
+				runs[name]++
+				return st.WriteFile("out/x.txt", []byte("by "+name))
+			}))
+			got, err := os.ReadFile(p)
+			require.NoError(t, err)
+			assert.Equal(t, "by "+name, string(got), "after %s's Do", name)
+		}
+	}
+	assert.Equal(t, map[string]int{"a": 1, "b": 1}, runs, "neither redone")
+}
+
 // A done stage whose output cannot be restored in this working directory
 // (its directory is a link out of it) is not begun again from here: Do
 // fails, saying so, with nothing recorded and nothing written outside; the
