@@ -120,9 +120,9 @@ func TestResolvedCommitIsFlushed(t *testing.T) {
 
 	lsn := func() (insert, flush int64) { t.Helper(); return walLSN(t, db) }
 	// The premise: the lazy batch is not on disk yet. Something else may
-	// flush it first (the WAL writer 10 s after its last flush, on a very
-	// slow machine; a synchronous commit of the session's projections):
-	// then a new lazy batch is tried, in a new WAL writer window.
+	// flush it first (the WAL writer is stopped, but a synchronous commit
+	// of the session's projections writes all WAL before it): then a new
+	// lazy batch is tried.
 	var to runstate.Position
 	var written, flushed int64
 	for try := 0; ; try++ {
@@ -171,14 +171,15 @@ func failFlush() (restore func()) {
 }
 
 // holdWALDB connects to a server of the test's own that holds lazy
-// commits' WAL back (holdWAL), so that nothing but a synchronous commit
-// flushes records meanwhile.
+// commits' WAL back (holdWAL, its WAL writer stopped: stopWALWriter), so
+// that nothing but a synchronous commit flushes records meanwhile.
 func holdWALDB(t *testing.T) *DB {
 	t.Helper()
 	srv := startServerWith(t, nil, nil, holdWAL)
 	db, err := Connect(context.Background(), srv.DSN("127.0.0.1")+"&schema=flush")
 	require.NoError(t, err)
 	t.Cleanup(db.Close) // after the session's Close (cleanups run last first)
+	stopWALWriter(t, db)
 	return db
 }
 

@@ -21,8 +21,11 @@ import (
 // crashNow crashes the server as 'pg_ctl stop -m immediate' does (SIGQUIT
 // to the postmaster: every process exits at once, nothing more is written,
 // the next start replays the WAL), without pg_ctl's start-up time, and
-// waits until the postmaster is gone.
-func crashNow(t testing.TB, s *pgServer) {
+// waits until the postmaster is gone. kill are processes of the server
+// that the test stopped (stopWALWriter), SIGKILLed once the postmaster has
+// been told to quit: a stopped process would not exit, and one continued
+// could write before it takes its SIGQUIT.
+func crashNow(t testing.TB, s *pgServer, kill ...int) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(s.Data, "postmaster.pid"))
 	require.NoError(t, err, "the test server's postmaster.pid")
@@ -30,6 +33,9 @@ func crashNow(t testing.TB, s *pgServer) {
 	pid, err := strconv.Atoi(strings.TrimSpace(first))
 	require.NoError(t, err, "postmaster.pid: %q", first)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT))
+	for _, k := range kill {
+		require.NoError(t, syscall.Kill(k, syscall.SIGKILL), "kill the stopped server process %d", k)
+	}
 	_, gone := poll(30*time.Second, 10*time.Millisecond, func() bool { return syscall.Kill(pid, 0) != nil })
 	require.True(t, gone, "the postmaster (pid %d) did not exit within 30 s of SIGQUIT", pid)
 }
@@ -37,8 +43,8 @@ func crashNow(t testing.TB, s *pgServer) {
 // TestServerCrashLosingALazyBeginStopsItsSession: a Begin, acknowledged to
 // the Run from a lazy commit (synchronous_commit off), is lost when the
 // server crashes before its WAL writer flushed it (a server of the test's
-// own that holds lazy commits' WAL back, holdWAL); the server starts
-// again. Every record acknowledged by a synced commit is there, byte for
+// own that holds lazy commits' WAL back, holdWAL, its WAL writer stopped
+// from before the begin to the crash); the server starts again. Every record acknowledged by a synced commit is there, byte for
 // byte; the begin is not. The session does not go on as if it were: the
 // Stage's Complete fails with runstate.ErrSessionLost (its batch finds
 // the run's head before the position the session read) and records
@@ -80,16 +86,17 @@ func serverCrashLosingALazyBegin(t *testing.T, bet bool) {
 	require.NoError(t, run.Do(ctx, "fetch", func(context.Context, *runstate.Stage) error { return nil }))
 	synced := readAll(t, db.Store("run")) // Do's complete was synced: these are durable
 
+	walWriter := stopWALWriter(t, db)
 	st, err := run.Begin(ctx, "build")
 	require.NoError(t, err, "the lazy begin is acknowledged")
 	var write, insert string
 	require.NoError(t, db.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_current_wal_insert_lsn()::text`).Scan(&write, &insert))
-	crashNow(t, srv)
+	crashNow(t, srv, walWriter)
 	srv.Start(t)
 	t.Logf("at the crash the server had written its WAL up to %s, inserted up to %s", write, insert)
 
 	after := readAll(t, db.Store("run"))
-	require.Len(t, after, len(synced), "the crash lost the lazy begin (write lsn %s, insert lsn %s): the server settings %v must hold its WAL back", write, insert, holdWAL)
+	require.Len(t, after, len(synced), "the crash lost the lazy begin (write lsn %s, insert lsn %s): the server settings %v and the stopped WAL writer must hold its WAL back", write, insert, holdWAL)
 	for i := range synced {
 		assert.True(t, bytes.Equal(synced[i], after[i]), "acknowledged record %d is there, byte for byte", i+1)
 	}

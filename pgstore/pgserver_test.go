@@ -29,11 +29,15 @@ func startServer(t testing.TB, extraListen, extraNets []string) *pgServer {
 }
 
 // holdWAL are the settings of a server that keeps a lazy commit's WAL
-// (synchronous_commit off) in its shared buffers for up to 10 s: the WAL
-// writer wakes every 10 s (the most wal_writer_delay allows) and nothing
-// else writes WAL out early (no background writer, no autovacuum, no
-// timed checkpoint), so that a crash right after a lazy commit loses it.
-var holdWAL = []string{"wal_writer_delay=10000ms", "bgwriter_lru_maxpages=0", "autovacuum=off", "checkpoint_timeout=1h"}
+// (synchronous_commit off) in its shared buffers: the WAL writer wakes
+// every 10 s at most (the most wal_writer_delay allows), and nothing else
+// writes WAL out early (no background writer, no autovacuum, no timed
+// checkpoint), so that a crash right after a lazy commit loses it; a crash
+// ends the server instead of restarting it (restart_after_crash off), so
+// that a test may kill a process of it. A WAL writer that hibernates is
+// woken by every lazy commit all the same: the tests that need the WAL held
+// stop it too (stopWALWriter).
+var holdWAL = []string{"wal_writer_delay=10000ms", "bgwriter_lru_maxpages=0", "autovacuum=off", "checkpoint_timeout=1h", "restart_after_crash=off"}
 
 // poll calls ok every step until it returns true or d has passed, and
 // returns how long that took and whether ok said true.
