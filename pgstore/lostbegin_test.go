@@ -44,8 +44,9 @@ func crashNow(t testing.TB, s *pgServer, kill ...int) {
 // the Run from a lazy commit (synchronous_commit off), is lost when the
 // server crashes before its WAL writer flushed it (a server of the test's
 // own that holds lazy commits' WAL back, holdWAL, its WAL writer stopped
-// from before the begin to the crash); the server starts again. Every record acknowledged by a synced commit is there, byte for
-// byte; the begin is not. The session does not go on as if it were: the
+// from before the begin to the crash); the server starts again. Every
+// record acknowledged by a synced commit is there, byte for byte; the
+// begin is not. The session does not go on as if it were: the
 // Stage's Complete fails with runstate.ErrSessionLost (its batch finds
 // the run's head before the position the session read) and records
 // nothing, and the Stage's context ends with that cause, so its work is
