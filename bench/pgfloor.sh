@@ -17,6 +17,13 @@
 #           batch carries with 8 goroutines, BenchmarkGoroutines), timed
 #           against two-tx as throughput: the most 8g/seq could be if the
 #           client cost nothing.
+# With VARIANTS=1 it also times two-tx in three forms that pgstore does
+# not have, as candidates for a schema version:
+#   noout   the complete's output in its record's row: no outputs row
+#           (the record's line 50 bytes longer);
+#   nohead  no head row: the run's lock taken by pg_advisory_xact_lock and
+#           the next seq read from the records' key (max(seq));
+#   both    the two together.
 # The tables are pgstore's own: its migrations (../pgstore/migrations),
 # applied to a scratch schema that the script drops at the end. The bets
 # are optimistic.go's statements in the form a session alone on its run
@@ -29,6 +36,7 @@
 #
 #   bench/pgfloor.sh [DSN]        (default: $RUNSTATE_PG_DSN)
 #   ROUNDS=6 SECS=4 BATCH=6 bench/pgfloor.sh
+#   VARIANTS=1 bench/pgfloor.sh
 #
 # It prints each round's mean latencies (pgbench's "latency average") and
 # their ratios, then the medians of the ratios.
@@ -81,6 +89,12 @@ session="'00000000-0000-0000-0000-000000000002'"
 head() {
 	echo "WITH head AS (UPDATE $schema.runs SET last_seq = last_seq + $1, last_hash = sha256('\\x02'), last_end = last_end + 300 * $1, last_len = 300, last_at = now() WHERE id = $run RETURNING last_seq, sqrt(CASE WHEN pg_try_advisory_xact_lock_shared(4242) THEN 1 ELSE -1 END) AS fence)"
 }
+# headless K: head's form without the head row (VARIANTS): the run's
+# lock by pg_advisory_xact_lock (void, so compared as text) and the next
+# seq from the records' key.
+headless() {
+	echo "WITH head AS MATERIALIZED (SELECT (SELECT coalesce(max(seq), 0) FROM $schema.records WHERE run_id = $run) + $1 AS last_seq, sqrt(CASE WHEN pg_try_advisory_xact_lock_shared(4242) AND pg_advisory_xact_lock(4343)::text = '' THEN 1 ELSE -1 END) AS fence)"
+}
 # bet EV LEN K: a bet of K records of event EV (LEN bytes each) after the
 # head, each complete with its small output's bytes inline. One record is
 # a row of values, as batch.go's one-record statements; K a set, as its
@@ -91,9 +105,13 @@ bet() {
 		seq="head.last_seq - $3 + i" stage="'s-' || :n || '-' || i" from="head, generate_series(1, $3) i"
 	fi
 	local out="convert_to('result of ' || $stage || E'\\n', 'UTF8')"
-	local sql
-	sql="$(head "$3"), ins AS (INSERT INTO $schema.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at) SELECT $run, $seq, convert_to(repeat('x', $2), 'UTF8'), sha256(convert_to(repeat('x', $2), 'UTF8')), '$1', $stage, 1, NULL, $session, now() FROM $from WHERE head.fence = 1)"
-	if [[ $1 == complete ]]; then
+	local sql h
+	h=$(head "$3")
+	if [[ ${HEADLESS:-} ]]; then
+		h=$(headless "$3")
+	fi
+	sql="$h, ins AS (INSERT INTO $schema.records (run_id, seq, line, hash, ev, stage, attempt, key, session, at) SELECT $run, $seq, convert_to(repeat('x', $2), 'UTF8'), sha256(convert_to(repeat('x', $2), 'UTF8')), '$1', $stage, 1, NULL, $session, now() FROM $from WHERE head.fence = 1)"
+	if [[ $1 == complete && -z ${NOOUT:-} ]]; then
 		sql+=", outs AS (INSERT INTO $schema.outputs (run_id, seq, path, sha256, size, data) SELECT $run, $seq, 'out/' || $stage || '.txt', sha256($out), length($out), $out FROM $from WHERE head.fence = 1)"
 	fi
 	echo "$sql SELECT 1 / (SELECT count(*)::int FROM head);"
@@ -104,6 +122,17 @@ echo "INSERT INTO $schema.raw (line) VALUES (convert_to(repeat('x', 300), 'UTF8'
 printf '%s\n' "$n" '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$(bet begin 250 1)" 'COMMIT;' "$(bet complete 330 1)" '\endpipeline' >"$tmp/two-tx.sql"
 printf '%s\n' "$n" '\startpipeline' 'BEGIN;' "$(bet begin 250 1)" "$(bet complete 330 1)" 'COMMIT;' '\endpipeline' >"$tmp/one-tx.sql"
 printf '%s\n' "$n" '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$(bet begin 250 "$batch")" 'COMMIT;' "$(bet complete 330 "$batch")" '\endpipeline' >"$tmp/batch.sql"
+variant() { # name, then HEADLESS and NOOUT (1 or empty)
+	printf '%s\n' "$n" '\startpipeline' 'BEGIN;' 'SET LOCAL synchronous_commit = off;' "$(HEADLESS=$2 NOOUT=$3 bet begin 250 1)" 'COMMIT;' "$(HEADLESS=$2 NOOUT=$3 bet complete $((${3:+50} + 330)) 1)" '\endpipeline' >"$tmp/$1.sql"
+}
+variants=()
+if [[ ${VARIANTS:-} ]]; then
+	variants=(noout nohead both)
+	variant noout "" 1 && variant nohead 1 "" && variant both 1 1
+fi
+# resync moves the head row to the records' last seq: the nohead forms
+# append without it.
+resync() { "$psql" "$dsn" -qXAt -c "UPDATE $schema.runs SET last_seq = (SELECT coalesce(max(seq), 0) FROM $schema.records WHERE run_id = $run)" >/dev/null; }
 
 latency() { # script: mean latency in µs
 	local us
@@ -128,14 +157,30 @@ for ((i = 1; i <= rounds; i++)); do
 	ro=$(awk -v a="$o" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
 	rb=$(awk -v a="$t" -v b="$b" -v k="$batch" 'BEGIN { printf "%.2f", a * k / b }')
 	echo "$rt" >>"$tmp/two" && echo "$ro" >>"$tmp/one" && echo "$rb" >>"$tmp/batched"
-	echo "round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw), batch-$batch $b µs ($rb x two-tx's throughput)"
+	line="round $i: raw $r µs, two-tx $t µs ($rt x raw), one-tx $o µs ($ro x raw), batch-$batch $b µs ($rb x two-tx's throughput)"
+	for v in "${variants[@]}"; do
+		u=$(latency "$v")
+		rv=$(awk -v a="$u" -v b="$r" 'BEGIN { printf "%.2f", a / b }')
+		echo "$rv" >>"$tmp/v.$v"
+		line+=", $v $u µs ($rv x raw)"
+	done
+	if ((${#variants[@]})); then
+		resync
+	fi
+	echo "$line"
 done
 # Every statement must have written its rows (a fence or an UPDATE
 # that failed quietly would have measured less work).
 counts=$("$psql" "$dsn" -qXAt -F ' ' -c "SELECT (SELECT count(*) FROM $schema.records WHERE ev = 'begin'), (SELECT count(*) FROM $schema.records WHERE ev = 'complete'), (SELECT count(*) FROM $schema.outputs), (SELECT last_seq FROM $schema.runs)")
 read -r begins completes outputs last <<<"$counts"
+if ((${#variants[@]})); then
+	outputs=$completes # the noout forms write none
+fi
 if ((begins == 0 || begins != completes || completes != outputs || last != begins + completes)); then
 	echo "pgfloor.sh: the statements did not write what they should: $begins begins, $completes completes, $outputs outputs, head at $last" >&2
 	exit 1
 fi
 echo "median: two-tx $(median <"$tmp/two") x raw, one-tx $(median <"$tmp/one") x raw, batch-$batch $(median <"$tmp/batched") x two-tx's throughput"
+for v in "${variants[@]}"; do
+	echo "median: $v $(median <"$tmp/v.$v") x raw"
+done
