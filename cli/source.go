@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -184,7 +186,7 @@ func (c *cli) openSource(ctx context.Context, addr string) (Source, error) {
 	}
 	if to, ok := workDirOf(addr); ok {
 		if s, _ := scheme(to); c.sources[s] != nil {
-			return c.sources[s](ctx, to)
+			return openWorkDir(ctx, addr, to, c.sources[s])
 		}
 		hint := "run this command on that address with the runstate command that reads its store"
 		if s, _ := scheme(to); s == "postgres" || s == "postgresql" {
@@ -195,7 +197,157 @@ func (c *cli) openSource(ctx context.Context, addr string) (Source, error) {
 	if err := isFile(addr); err != nil {
 		return nil, err
 	}
+	if err := notADir(addr); err != nil {
+		return nil, err
+	}
 	return &dirSource{dir: addr, note: func(s string) { c.notef("%s", s) }}, nil
+}
+
+// notADir explains a DIR that has no ledger and no run address to read
+// instead: one whose logs/run.json names none (damaged, emptied, not a
+// regular file, over 64 KiB), which would otherwise be reported as a
+// directory without a ledger, and a libpq key=value connection string
+// given where an address goes (reported as a missing directory, with
+// its password). nil for anything else: the run directory's own errors
+// name it.
+func notADir(addr string) error {
+	if _, err := os.Stat(ledgerIn(addr)); err == nil {
+		return nil
+	}
+	wd := filepath.Join(addr, filepath.FromSlash(runstate.WorkDirFile))
+	if _, err := os.Lstat(wd); err == nil {
+		why := "empty, damaged, not a regular file or over 64 KiB"
+		if _, err := runstate.ReadWorkDirFile(addr); err != nil {
+			why = err.Error()
+		}
+		return fmt.Errorf("%s has no %s, and its %s names no run address (%s): if it is the working directory of a run kept elsewhere, give that run's address instead of %s (postgres://USER@HOST:PORT/DB?run=NAME), and restore or remove %s", addr, "logs/ledger.jsonl", runstate.WorkDirFile, why, addr, wd)
+	}
+	if _, err := os.Lstat(addr); err != nil && looksLikeConninfo(addr) {
+		return fmt.Errorf("%s is a key=value connection string, which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass)", redactConninfo(addr))
+	}
+	return nil
+}
+
+// looksLikeConninfo reports whether s reads as a libpq key=value
+// connection string ("host=db dbname=agents user=agent").
+func looksLikeConninfo(s string) bool {
+	for _, f := range strings.Fields(s) {
+		k, _, ok := strings.Cut(f, "=")
+		switch strings.ToLower(strings.TrimSpace(k)) {
+		case "host", "hostaddr", "port", "dbname", "user", "password", "sslmode", "run", "schema":
+			if ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// redactConninfo masks the value of every password or sslpassword
+// setting in a key=value connection string, quoted or not.
+func redactConninfo(s string) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		i := strings.IndexByte(s, '=')
+		if i < 0 {
+			b.WriteString(s)
+			break
+		}
+		key := strings.ToLower(strings.TrimSpace(s[:i]))
+		if j := strings.LastIndexAny(key, " \t\n"); j >= 0 {
+			key = key[j+1:]
+		}
+		b.WriteString(s[:i+1])
+		s = s[i+1:]
+		if key != "password" && key != "sslpassword" {
+			continue
+		}
+		s = strings.TrimLeft(s, " \t\n")
+		end := strings.IndexAny(s, " \t\n")
+		if strings.HasPrefix(s, "'") {
+			end = len(s)
+			for k := 1; k < len(s); k++ {
+				if s[k] == '\\' {
+					k++
+				} else if s[k] == '\'' {
+					end = k + 1
+					break
+				}
+			}
+		}
+		if end < 0 {
+			end = len(s)
+		}
+		b.WriteString("xxxxx")
+		s = s[end:]
+	}
+	return b.String()
+}
+
+// RunIdentifier is a Source that can tell the id of the run it reads
+// (Run.ID: its create record's) without reading the run, "" when it
+// holds no run of that name. A command given a working directory uses it
+// to check that the run at the address the directory's logs/run.json
+// names is the directory's own (that file also names its id): a run
+// dropped and made again under its name is another run.
+type RunIdentifier interface {
+	RunID(ctx context.Context) (string, error)
+}
+
+// openWorkDir opens, with open, the run at the address to that working
+// directory dir's logs/run.json names. An error says where the address
+// came from (the user gave dir, not it); a run there with another id
+// than the file's is refused, naming both (RunIdentifier).
+func openWorkDir(ctx context.Context, dir, to string, open Opener) (Source, error) {
+	rj := filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
+	from := func(err error) error {
+		return &fromWorkDir{fmt.Sprintf("%s is a working directory of the run at %s (its %s says so): ", dir, Redact(to), runstate.WorkDirFile), err}
+	}
+	src, err := open(ctx, to)
+	if err != nil {
+		return nil, from(err)
+	}
+	ri, ok := src.(RunIdentifier)
+	want := workDirID(dir)
+	if !ok || want == "" {
+		return src, nil
+	}
+	got, err := ri.RunID(ctx)
+	if err != nil {
+		src.Close()
+		return nil, from(err)
+	}
+	if got != "" && got != want {
+		src.Close()
+		return nil, fmt.Errorf("%s names run id %s at %s for the working directory %s, and the run of that name there is another one (id %s): the directory's run was dropped and made again under its name, or the address now reaches another database; to read the run there anyway, give its address (runstate status %s); remove %s if %s serves no run any more", rj, want, Redact(to), dir, got, quoteArg(Redact(to)), rj, dir)
+	}
+	return src, nil
+}
+
+// fromWorkDir is an error of the run at the address a working directory
+// names, led by where that address came from.
+type fromWorkDir struct {
+	from string
+	err  error
+}
+
+func (e *fromWorkDir) Error() string { return e.from + strings.TrimPrefix(e.err.Error(), "runstate: ") }
+func (e *fromWorkDir) Unwrap() error { return e.err }
+
+// workDirID is the run id dir's logs/run.json names, "" when it names
+// none.
+func workDirID(dir string) string {
+	data, err := runstate.ReadWorkDirFile(dir)
+	if err != nil || data == nil {
+		return ""
+	}
+	var rj struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(data, &rj) != nil {
+		return ""
+	}
+	return rj.ID
 }
 
 // workDirOf returns the run address that dir's runstate.WorkDirFile

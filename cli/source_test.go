@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -237,5 +238,106 @@ func TestExportAndFollowCheckEachLinesCRC(t *testing.T) {
 			assert.Contains(t, res.err, where+tc.want)
 			assert.Equal(t, strings.Join(lines[:n-1], ""), res.out, "the lines before the damage")
 		})
+	}
+}
+
+// identified is a Source whose run has the id id (RunIdentifier), and
+// that counts its Closes.
+type identified struct {
+	renamedDir
+	id     string
+	closed *int
+}
+
+func (s *identified) RunID(context.Context) (string, error) { return s.id, nil }
+
+func (s *identified) Close() error {
+	*s.closed++
+	return s.renamedDir.Close()
+}
+
+// TestAWorkingDirectoryReadsOnlyItsOwnRun: the run at the address a
+// working directory's logs/run.json names must have the id the file
+// names: a run dropped and made again under its name is refused, naming
+// both ids and what to do; an error of the address's store says where
+// the address came from.
+func TestAWorkingDirectoryReadsOnlyItsOwnRun(t *testing.T) {
+	run := awaitingRun(t)
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"),
+		[]byte(`{"store": "postgres", "address": "postgres://agent@db:5432/agents?run=billing", "schema": "runstate", "run": "billing", "id": "01a2534f-0000-7000-8000-000000009c86"}`+"\n"), 0o644))
+	closed := 0
+	id := "01a2534b-0000-7000-8000-00000000eeea"
+	o := &Options{Sources: map[string]Opener{"postgres": func(_ context.Context, addr string) (Source, error) {
+		if id == "" {
+			return nil, errors.New("runstate: postgres://agent@db:5432/agents?run=billing: pgstore: cannot connect")
+		}
+		return &identified{renamedDir: renamedDir{dirSource: dirSource{dir: run}, name: addr, opened: new(int)}, id: id, closed: &closed}, nil
+	}}}
+	for _, cmd := range []string{"status", "log", "verify", "next", "metrics", "export"} {
+		var out, errb bytes.Buffer
+		code := Run([]string{cmd, work}, &out, &errb, o)
+		assert.Equal(t, exitFail, code, cmd)
+		assert.Empty(t, out.String(), cmd)
+		assert.Contains(t, errb.String(), filepath.Join(work, "logs", "run.json")+" names run id 01a2534f-0000-7000-8000-000000009c86 at postgres://agent@db:5432/agents?run=billing", cmd)
+		assert.Contains(t, errb.String(), "is another one (id 01a2534b-0000-7000-8000-00000000eeea)", cmd)
+		assert.Contains(t, errb.String(), "runstate status 'postgres://agent@db:5432/agents?run=billing'", cmd)
+	}
+	assert.Equal(t, 6, closed, "each refused Source was closed")
+
+	id = "01a2534f-0000-7000-8000-000000009c86"
+	var out, errb bytes.Buffer
+	code := Run([]string{"status", work}, &out, &errb, o)
+	assert.Equal(t, exitBlocked, code, errb.String())
+
+	id = "" // the opener fails
+	out.Reset()
+	errb.Reset()
+	code = Run([]string{"status", work}, &out, &errb, o)
+	assert.Equal(t, exitFail, code)
+	assert.Equal(t, "runstate: "+work+" is a working directory of the run at postgres://agent@db:5432/agents?run=billing (its logs/run.json says so): postgres://agent@db:5432/agents?run=billing: pgstore: cannot connect\n", errb.String())
+}
+
+// TestADamagedWorkDirFileIsNamed: a directory with no ledger whose
+// logs/run.json names no address is reported as that, not as a directory
+// without a ledger; a key=value connection string given as DIR is named
+// as one, without its password.
+func TestADamagedWorkDirFileIsNamed(t *testing.T) {
+	damaged := map[string]func(p string) error{
+		"not JSON":    func(p string) error { return os.WriteFile(p, []byte("{bad json"), 0o644) },
+		"empty":       func(p string) error { return os.WriteFile(p, nil, 0o644) },
+		"a directory": func(p string) error { return os.Mkdir(p, 0o755) },
+		"too long": func(p string) error {
+			return os.WriteFile(p, []byte(`{"address": "postgres://x/y?run=z", "pad": "`+strings.Repeat("x", 70<<10)+`"}`), 0o644)
+		},
+	}
+	for name, damage := range damaged {
+		t.Run(name, func(t *testing.T) {
+			work := t.TempDir()
+			require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
+			rj := filepath.Join(work, "logs", "run.json")
+			require.NoError(t, damage(rj))
+			for _, cmd := range []string{"status", "log", "verify", "next"} {
+				res := readCLI(t, work, cmd, work)
+				assert.Equal(t, exitFail, res.code, cmd)
+				assert.Contains(t, res.err, work+" has no logs/ledger.jsonl, and its logs/run.json names no run address (", cmd)
+				assert.Contains(t, res.err, "give that run's address instead of "+work, cmd)
+				assert.Contains(t, res.err, "restore or remove "+rj, cmd)
+				assert.NotContains(t, res.err, "not a run directory", cmd)
+			}
+		})
+	}
+
+	for _, dsn := range []string{
+		"host=db dbname=agents user=agent password=WrongPw99 run=billing",
+		"host=db password = 'Wrong Pw\\'99' dbname=agents",
+	} {
+		res := runCLI(t, "status", dsn)
+		assert.Equal(t, exitFail, res.code, dsn)
+		assert.Contains(t, res.err, "is a key=value connection string, which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME", dsn)
+		assert.NotContains(t, res.err, "WrongPw99", dsn)
+		assert.NotContains(t, res.err, "Pw\\'99", dsn)
+		assert.Regexp(t, `password ?= ?xxxxx (dbname|run)=`, res.err, dsn)
 	}
 }

@@ -27,6 +27,7 @@ import (
 // Live); Open opens a session with a temporary working directory.
 type pgSource struct {
 	addr string // the address without its password, for messages
+	dsn  string // the address without run=NAME (RunID's connection); never printed
 	run  string
 	db   *pgstore.DB
 	work string // the operator session's working directory, once made
@@ -74,7 +75,26 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runstate: %s: %w%s", cli.Redact(addr), err, timeoutAdvice(err))
 	}
-	return &pgSource{addr: cli.Redact(addr), run: run, db: db}, nil
+	return &pgSource{addr: cli.Redact(addr), dsn: dsn, run: run, db: db}, nil
+}
+
+// RunID is cli.RunIdentifier: the id of the run (its create record's), ""
+// when the schema holds no run of that name, read on a connection of its
+// own (schemaAt) with queries any version of the schema answers, within
+// noAnswer.
+func (s *pgSource) RunID(ctx context.Context) (string, error) {
+	_, query, _ := strings.Cut(s.dsn, "?")
+	_, schema, _, err := dsnparam.Cut(query, "schema")
+	if err != nil || schema == "" {
+		schema = pgstore.DefaultSchema
+	}
+	ctx, cancel := context.WithTimeout(ctx, noAnswer) // a hung server: as log -follow's reads
+	defer cancel()
+	_, id, err := schemaAt(ctx, s.dsn, schema, s.run)
+	if err != nil {
+		return "", fmt.Errorf("runstate: %s: reading the run's id: %w%s", s.addr, err, timeoutAdvice(err))
+	}
+	return id, nil
 }
 
 // runPG opens, for a pipeline command, a session on the run addr names

@@ -526,3 +526,35 @@ func TestPipelineCommandsShareARunAcrossMachines(t *testing.T) {
 	res = runIn("verify", addr)
 	assert.Equal(t, 0, res.code, res.out+res.err)
 }
+
+// The read commands on a working directory read its own run only: a run
+// at its address under its name with another id than its logs/run.json
+// names (the run dropped and made again) is refused, naming both ids and
+// the address to read it by; the file's own id reads the run. (The ids
+// are the file's, edited: the same to the command as a run made anew.)
+func TestReadCommandsOnAWorkingDirectoryReadItsOwnRunOnly(t *testing.T) {
+	dsn, db, w := runOne(t)
+	st, err := db.Inspect(context.Background(), "one")
+	require.NoError(t, err)
+	rj := filepath.Join(w, "logs", "run.json")
+	data, err := os.ReadFile(rj)
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"id": "`+st.ID+`"`)
+	var named struct{ Address string }
+	require.NoError(t, json.Unmarshal(data, &named))
+	res := runIn("status", w)
+	assert.Equal(t, 0, res.code, res.err)
+
+	other := "01a2534f-e542-7cb0-a39b-4613af689c86"
+	require.NoError(t, os.WriteFile(rj, []byte(strings.Replace(string(data), st.ID, other, 1)), 0o644))
+	for _, cmd := range []string{"status", "log", "verify", "next", "metrics", "export"} {
+		res := runIn(cmd, w)
+		assert.Equal(t, 1, res.code, "%s: %s", cmd, res.err)
+		assert.Empty(t, res.out, cmd)
+		assert.Contains(t, res.err, rj+" names run id "+other+" at "+named.Address+" for the working directory "+w, cmd)
+		assert.Contains(t, res.err, "the run of that name there is another one (id "+st.ID+")", cmd)
+		assert.Contains(t, res.err, "give its address (runstate status '"+named.Address+"')", cmd)
+	}
+	res = runIn("status", address(dsn, "one"))
+	assert.Equal(t, 0, res.code, "by its address the run is read: %s", res.err)
+}
