@@ -424,7 +424,13 @@ func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.D
 		return nil, c.usageError(name, fmt.Sprintf("%s has a %s that names no run address (empty, damaged or not a regular file): if %s is the working directory of a run kept elsewhere, give -at ADDRESS (that run's address)%s; else use another directory", dir, runstate.WorkDirFile, dir, with))
 	}
 	if request == "" && noLedger != nil {
-		return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one", dir, ledger))
+		elsewhere := ""
+		if len(c.runners) > 0 {
+			// A fleet's second machine: following the -request advice
+			// alone would start a run in files beside the shared one.
+			elsewhere = "; or, for a run kept elsewhere (PostgreSQL: made by another machine), give -at ADDRESS, the run's address, as this machine's first command on " + dir
+		}
+		return nil, c.usageError(name, fmt.Sprintf("%s holds no run (%s); give -request TEXT to create one%s", dir, ledger, elsewhere))
 	}
 	r, err := runstate.Open(dir, opts)
 	if err != nil {

@@ -341,3 +341,13 @@ func TestADamagedWorkDirFileIsNamed(t *testing.T) {
 		assert.Regexp(t, `password ?= ?xxxxx (dbname|run)=`, res.err, dsn)
 	}
 }
+
+// The command that reads directories only does not offer -at for a
+// directory that holds no run: it has no store that -at could name.
+func TestExecOnANewDirectoryOffersNoAtWithoutAStore(t *testing.T) {
+	w := filepath.Join(t.TempDir(), "w")
+	res := runCLI(t, "exec", w, "build", "--", "true")
+	assert.Equal(t, exitUsage, res.code, res.err)
+	assert.Contains(t, res.err, "give -request TEXT to create one\n")
+	assert.NotContains(t, res.err, "give -at")
+}

@@ -332,7 +332,7 @@ func report(entries []*entry, rounds, ops, goroutines int, base string, took tim
 		}
 		r := pairedRatios(e, fl)
 		ratio, scale := kit.MedianF(r.lat), kit.MedianF(r.scale)
-		fmt.Printf("\nrunstate against DESIGN.md §5: checkpoint %.2f × floor (target ≤ 1.5: %s); %s %.2f × sequential throughput (target ≥ 3: %s)\n",
+		fmt.Printf("\nrunstate against the design's targets (DESIGN.md §5): checkpoint %.2f × floor (target ≤ 1.5: %s); %s %.2f × sequential throughput (target ≥ 3: %s)\n",
 			ratio, kit.Verdict(ratio <= 1.5), g, scale, kit.Verdict(scale >= 3))
 	}
 }

@@ -558,3 +558,15 @@ func TestReadCommandsOnAWorkingDirectoryReadItsOwnRunOnly(t *testing.T) {
 	res = runIn("status", address(dsn, "one"))
 	assert.Equal(t, 0, res.code, "by its address the run is read: %s", res.err)
 }
+
+// A fleet's second machine without -at on its first command: the
+// refusal says to give -at, not only -request (which would start a run
+// in files beside the shared one), and nothing is made.
+func TestExecOnANewDirectoryWithoutAtSaysToGiveIt(t *testing.T) {
+	w := filepath.Join(t.TempDir(), "w")
+	res := runIn("exec", w, "build", "--", "true")
+	assert.Equal(t, 2, res.code, res.err)
+	assert.Contains(t, res.err, "holds no run ("+filepath.Join(w, "logs", "ledger.jsonl")+"); give -request TEXT to create one; or, for a run kept elsewhere (PostgreSQL: made by another machine), give -at ADDRESS")
+	_, err := os.Stat(w)
+	assert.ErrorIs(t, err, os.ErrNotExist, "nothing was made")
+}
