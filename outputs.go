@@ -199,11 +199,38 @@ func (out *outputs) check(outs []Output) string {
 		case isNotExist(err):
 			return fmt.Sprintf("output %s missing", o.Path)
 		case err != nil:
+			if why := out.linkOut(o.Path); why != "" && !errors.As(err, new(*notRegular)) {
+				return fmt.Sprintf("output %s unreadable: %s", o.Path, why)
+			}
 			return fmt.Sprintf("output %s unreadable: %v", o.Path, err)
 		case size != o.Size:
 			return fmt.Sprintf("output %s altered (%d bytes, want %d)", o.Path, size, o.Size)
 		case sum != o.SHA256:
 			return fmt.Sprintf("output %s altered (sha256:%.12s, want sha256:%.12s)", o.Path, sum, o.SHA256)
+		}
+	}
+	return ""
+}
+
+// linkOut names, for an output rel that could not be opened (not for
+// being no regular file), the first symbolic link on its path (the file
+// or a directory): the directory's root follows none out of the run
+// ("path escapes from parent"). It says what to do; "" when there is no
+// link.
+func (out *outputs) linkOut(rel string) string {
+	parts := strings.Split(path.Clean(rel), "/")
+	for i := range parts {
+		p := filepath.Join(parts[:i+1]...)
+		fi, err := out.root.Lstat(p)
+		if err != nil {
+			return ""
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			to, err := out.root.Readlink(p)
+			if err != nil {
+				return ""
+			}
+			return fmt.Sprintf("%s is a symbolic link (to %q) out of the run directory, which runstate does not follow: replace the link with what it points to", filepath.ToSlash(p), to)
 		}
 	}
 	return ""

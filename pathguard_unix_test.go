@@ -551,3 +551,37 @@ func TestReadersDoNotOpenALinkedDevice(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 }
+
+// An output replaced by a symbolic link out of the run, or under a
+// directory replaced by one, is reported by Verify naming the link, its
+// target and what to do, not with os.Root's "path escapes from parent".
+func TestVerifyNamesALinkOutInsteadOfAnEscape(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct{ name, link, path string }{
+		{"file", "artifacts/plan.md", "artifacts/plan.md"},
+		{"directory", "artifacts", "artifacts/plan.md"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, dir := newTestRun(t)
+			require.NoError(t, r.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
+				return st.WriteFile("artifacts/plan.md", []byte("the plan\n"))
+			}))
+			require.NoError(t, r.Close())
+			outside := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(outside, "plan.md"), []byte("the plan\n"), 0o644))
+			to := filepath.Join(outside, "plan.md")
+			if c.link == "artifacts" {
+				to = outside
+			}
+			require.NoError(t, os.RemoveAll(filepath.Join(dir, filepath.FromSlash(c.link))))
+			require.NoError(t, os.Symlink(to, filepath.Join(dir, filepath.FromSlash(c.link))))
+
+			rep, err := runstate.Verify(dir)
+			require.NoError(t, err)
+			require.Len(t, rep.Problems, 1)
+			want := fmt.Sprintf("output %s unreadable: %s is a symbolic link (to %q) out of the run directory, which runstate does not follow: replace the link with what it points to", c.path, c.link, to)
+			assert.Contains(t, rep.Problems[0].What, want)
+			assert.NotContains(t, rep.Problems[0].What, "escapes")
+		})
+	}
+}

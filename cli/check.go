@@ -252,6 +252,7 @@ func (c *cli) metrics(addrs []string, asJSON bool) int {
 	ctx := context.Background()
 	out := metricsJSON{Runs: []runMetrics{}}
 	failed := false
+	seen := map[string]string{} // a run's id: the name it was read by first
 	for _, addr := range addrs {
 		st, name, err := c.inspectOne(ctx, addr)
 		if err != nil {
@@ -259,6 +260,13 @@ func (c *cli) metrics(addrs []string, asJSON bool) int {
 			failed = true
 			continue
 		}
+		if first, ok := seen[st.ID]; ok {
+			// One run named twice (a path and its working directory, an
+			// address spelt two ways): its figures are counted once.
+			c.notef("runstate: %s is run %s, which %s named already: counted once", name, st.ID, first)
+			continue
+		}
+		seen[st.ID] = name
 		out.Runs = append(out.Runs, runMetrics{Dir: name, ID: st.ID, Seq: st.Seq, Metrics: st.Metrics})
 		m, t := st.Metrics, &out.Total
 		t.Sessions += m.Sessions

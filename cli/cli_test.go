@@ -874,6 +874,15 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 2, m.Total.SkippedOnResume)
 	assert.Equal(t, m.Runs[1].Metrics.TimeToFirstRecord, m.Total.TimeToFirstRecord)
 
+	// One run named twice (here a path spelt two ways) counts once.
+	res = readCLI(t, b, "metrics", "-json", a, b, b+string(filepath.Separator)+".")
+	assert.Equal(t, 0, res.code, res.err)
+	m = metricsJSON{}
+	require.NoError(t, json.Unmarshal([]byte(res.out), &m))
+	require.Len(t, m.Runs, 2)
+	assert.Equal(t, 3, m.Total.Sessions)
+	assert.Contains(t, res.err, "is run "+m.Runs[1].ID+", which "+b+" named already: counted once")
+
 	res = runCLI(t, "metrics", a, filepath.Join(t.TempDir(), "nope"))
 	assert.Equal(t, 1, res.code)
 	assert.Empty(t, res.out)

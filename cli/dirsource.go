@@ -54,10 +54,16 @@ func isFile(path string) error {
 }
 
 // LastRecord is the ledger file's modification time: its last append's.
+// A ledger that is not a regular file (a symbolic link, which the reads
+// refuse, a directory) has none: the time of what it links to is not
+// the run's.
 func (d *dirSource) LastRecord(context.Context, int64) (time.Time, error) {
-	fi, err := os.Stat(d.ledgerPath())
+	fi, err := os.Lstat(d.ledgerPath())
 	if err != nil {
 		return time.Time{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return time.Time{}, fmt.Errorf("%s is not a regular file", d.ledgerPath())
 	}
 	return fi.ModTime(), nil
 }

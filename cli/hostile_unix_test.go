@@ -248,3 +248,31 @@ func TestLsListsARunWhoseLedgerIsAFIFO(t *testing.T) {
 	assert.Equal(t, "error", runs[0].State)
 	assert.Contains(t, runs[0].Error, "named pipe")
 }
+
+// ls lists a run whose ledger is a directory or a symbolic link as an
+// error too (a directory was left out without a word), and gives a linked
+// ledger no last record: the time of the file it links to is not the
+// run's (a link to /etc/passwd showed its age).
+func TestLsListsARunWhoseLedgerIsADirectoryOrALink(t *testing.T) {
+	root := t.TempDir()
+	dirLedger := filepath.Join(root, "dir", "logs", "ledger.jsonl")
+	require.NoError(t, os.MkdirAll(dirLedger, 0o755))
+	target := filepath.Join(t.TempDir(), "old")
+	require.NoError(t, os.WriteFile(target, []byte("x\n"), 0o644))
+	old := time.Now().Add(-200 * 24 * time.Hour)
+	require.NoError(t, os.Chtimes(target, old, old))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "link", "logs"), 0o755))
+	require.NoError(t, os.Symlink(target, filepath.Join(root, "link", "logs", "ledger.jsonl")))
+
+	res := runCLIWithin(t, 20*time.Second, "ls", "-json", root)
+	assert.Equal(t, exitFail, res.code, res.err)
+	var runs []lsRun
+	require.NoError(t, json.Unmarshal([]byte(res.out), &runs), res.out)
+	require.Len(t, runs, 2, "both runs are listed: %s", res.out)
+	for _, r := range runs {
+		assert.Equal(t, "error", r.State, r.Dir)
+		assert.True(t, r.LastRecord.IsZero(), "%s: no last record, got %v", r.Dir, r.LastRecord)
+	}
+	res = runCLIWithin(t, 20*time.Second, "ls", root)
+	assert.NotContains(t, res.out, "200d ago")
+}

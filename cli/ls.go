@@ -116,9 +116,10 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 			return
 		}
 		visited++
-		if fi, err := os.Stat(ledgerIn(dir)); err == nil && !fi.IsDir() {
-			// A ledger that is not a regular file (a FIFO, a device)
-			// makes a run too: listed in state error, with why.
+		if _, err := os.Lstat(ledgerIn(dir)); err == nil {
+			// A ledger that is not a regular file (a FIFO, a device, a
+			// directory, a symbolic link) makes a run too: listed in
+			// state error, with why.
 			dirs = append(dirs, dir)
 			return
 		}
