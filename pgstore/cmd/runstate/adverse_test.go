@@ -272,3 +272,58 @@ func TestTimeoutAdvice(t *testing.T) {
 	assert.Empty(t, timeoutAdvice(&pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}))
 	assert.Empty(t, timeoutAdvice(errors.New("no server")))
 }
+
+// A read command behind a lock (a schema upgrade's ALTER TABLE, a VACUUM
+// FULL, a LOCK TABLE) says, after a few seconds, which server process
+// holds it and how to cancel its query, then goes on when the lock is
+// released: it waited without a word.
+func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
+	dsn, db, _ := runOne(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{db.Schema(), "records"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	type waiting struct {
+		args     []string
+		cmd      *exec.Cmd
+		out, err *syncBuffer
+	}
+	var cmds []waiting
+	for _, args := range [][]string{{"status", address(dsn, "one")}, {"export", address(dsn, "one")}} {
+		w := waiting{args: args, cmd: exec.Command(bin, args...), out: &syncBuffer{}, err: &syncBuffer{}}
+		w.cmd.Stdout, w.cmd.Stderr = w.out, w.err
+		require.NoError(t, w.cmd.Start())
+		cmds = append(cmds, w)
+		t.Cleanup(func() { w.cmd.Process.Kill(); w.cmd.Wait() })
+	}
+	start := time.Now()
+	want := fmt.Sprintf("this command waits for a lock that server process %d holds (user ", pid)
+	for _, w := range cmds {
+		for !strings.Contains(w.err.String(), want) {
+			if time.Since(start) > time.Minute {
+				t.Fatalf("%v: after a minute no note of the lock: %q", w.args, w.err.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		assert.Contains(t, w.err.String(), `idle in transaction, its transaction open `, "the holder's state")
+		assert.Contains(t, w.err.String(), `its last query "LOCK TABLE `, "the holder's query")
+		assert.Contains(t, w.err.String(), fmt.Sprintf("SELECT pg_cancel_backend(%d) cancels a query it runs, pg_terminate_backend(%d) ends it", pid, pid))
+		assert.Empty(t, w.out.String(), "%v: nothing read yet", w.args)
+	}
+	assert.GreaterOrEqual(t, time.Since(start), lockNote, "not before lockNote")
+	require.NoError(t, tx.Rollback(ctx))
+	for _, w := range cmds {
+		require.NoError(t, w.cmd.Wait(), "%v went on: %s", w.args, w.err.String())
+		assert.Equal(t, 1, strings.Count(w.err.String(), "waits for a lock"), "%v: said once", w.args)
+	}
+	assert.Contains(t, cmds[0].out.String(), "one", "status went on")
+	assert.Contains(t, cmds[1].out.String(), `"ev":"create"`, "export went on")
+}

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +29,8 @@ import (
 // Live); Open opens a session with a temporary working directory.
 type pgSource struct {
 	addr string // the address without its password, for messages
-	dsn  string // the address without run=NAME (RunID's connection); never printed
+	dsn  string // the address without run=NAME (RunID's, lockWatch's connections); never printed
+	app  string // the connections' application_name (lockWatch)
 	run  string
 	db   *pgstore.DB
 	work string // the operator session's working directory, once made
@@ -69,13 +72,115 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	dsn, app := withApp(dsn)
 	// Read-only: a command never creates or upgrades the schema (the
 	// operator commands' sessions need a run, so a schema, that exists).
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("runstate: %s: %w%s", cli.Redact(addr), err, timeoutAdvice(err))
 	}
-	return &pgSource{addr: cli.Redact(addr), dsn: dsn, run: run, db: db}, nil
+	return &pgSource{addr: cli.Redact(addr), dsn: dsn, app: app, run: run, db: db}, nil
+}
+
+// withApp names the command's connections (application_name) so that
+// lockWatch can find them among the server's, unless the address names
+// them: "runstate command PID@HOST". It returns the address and the name.
+func withApp(dsn string) (string, string) {
+	base, query, _ := strings.Cut(dsn, "?")
+	if _, app, ok, err := dsnparam.Cut(query, "application_name"); err == nil && ok {
+		return dsn, app
+	}
+	host, _ := os.Hostname()
+	app := fmt.Sprintf("runstate command %d@%s", os.Getpid(), host)
+	if len(app) > 63 { // the server cuts a longer name
+		app = app[:63]
+	}
+	if query != "" {
+		query += "&"
+	}
+	return base + "?" + query + "application_name=" + strings.ReplaceAll(url.QueryEscape(app), "+", "%20"), app // pgx reads no '+' as a space
+}
+
+// lockNote is how long a read waits before lockWatch asks the server
+// whether it waits for a lock, and then how often it asks again.
+const lockNote = 3 * time.Second
+
+// lockWatch runs read; while it has not returned, it asks the server
+// every lockNote, on a connection of its own, whether one of this
+// command's connections (s.app) waits for a lock, and says which server
+// process holds it, once a holder: a read behind a schema upgrade, a
+// VACUUM FULL or a LOCK TABLE waited without a word. A read that is
+// slow for any other reason (a long verify) says nothing.
+func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
+	if s.note == nil || s.app == "" {
+		return read()
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(lockNote)
+		defer tick.Stop()
+		said := map[int]bool{}
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			h, err := s.lockHolder(ctx)
+			if err != nil || h.pid == 0 || said[h.pid] {
+				continue
+			}
+			said[h.pid] = true
+			select {
+			case <-done: // answered meanwhile: nothing to say
+				return
+			default:
+			}
+			s.say(fmt.Sprintf("runstate: %s: this command waits for a lock that server process %d holds (%s): it goes on when that transaction ends; Ctrl-C stops this command", s.addr, h.pid, h.what))
+		}
+	}()
+	err := read()
+	close(done)
+	wg.Wait()
+	return err
+}
+
+// holder is a server process that holds a lock another waits for.
+type holder struct {
+	pid  int
+	what string // who and what, for the note
+}
+
+// lockHolder asks the server, within noAnswer, for a process that holds
+// a lock one of this command's connections waits for (pg_blocking_pids);
+// a zero holder when none waits.
+func (s *pgSource) lockHolder(ctx context.Context) (holder, error) {
+	ctx, cancel := context.WithTimeout(ctx, noAnswer)
+	defer cancel()
+	conn, err := ownConn(ctx, s.dsn)
+	if err != nil {
+		return holder{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var h holder
+	var user, app, state, query string
+	var secs int64
+	err = conn.QueryRow(ctx, `SELECT b.pid, coalesce(b.usename::text, ''), coalesce(b.application_name, ''), coalesce(b.state, ''), coalesce(left(b.query, 200), ''),
+	  coalesce(extract(epoch FROM now() - b.xact_start)::bigint, 0)
+	FROM pg_stat_activity a CROSS JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS w(pid) JOIN pg_stat_activity b ON b.pid = w.pid
+	WHERE a.application_name = $1 AND a.pid <> pg_backend_pid() LIMIT 1`, s.app).Scan(&h.pid, &user, &app, &state, &query, &secs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return holder{}, nil
+	} else if err != nil {
+		return holder{}, err
+	}
+	h.what = fmt.Sprintf("user %q, application %q, %s, its transaction open %ds, its last query %q; SELECT pg_cancel_backend(%d) cancels a query it runs, pg_terminate_backend(%d) ends it", user, app, state, secs, query, h.pid, h.pid)
+	return h, nil
 }
 
 // RunID is cli.RunIdentifier: the id of the run (its create record's), ""
@@ -194,6 +299,28 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 	return r, db.Close, nil
 }
 
+// ownConn connects to dsn (an address without run=NAME; its schema=NAME
+// left out) outside pgstore's pools, within 10 s when the address sets
+// no connect_timeout.
+func ownConn(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	base, query, _ := strings.Cut(dsn, "?")
+	rest, _, _, err := dsnparam.Cut(query, "schema")
+	if err != nil {
+		return nil, err
+	}
+	if rest != "" {
+		base += "?" + rest
+	}
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
 // schemaAt reads, on a connection of its own and with queries any
 // version of pgstore's schema answers (schema_version, runs(id, name) and
 // records(run_id, seq, line) are in its first), the version of schema at
@@ -201,22 +328,7 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 // as a working directory's logs/run.json names it ("" when the run has no
 // record there).
 func schemaAt(ctx context.Context, dsn, schema, run string) (version int, id string, err error) {
-	base, query, _ := strings.Cut(dsn, "?")
-	rest, _, _, err := dsnparam.Cut(query, "schema")
-	if err != nil {
-		return 0, "", err
-	}
-	if rest != "" {
-		base += "?" + rest
-	}
-	cfg, err := pgx.ParseConfig(base)
-	if err != nil {
-		return 0, "", err
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := ownConn(ctx, dsn)
 	if err != nil {
 		return 0, "", err
 	}
@@ -417,13 +529,13 @@ func (s *pgSource) others() string {
 	return fmt.Sprintf("the runs in schema %s: %s", s.db.Schema(), strings.Join(names, ", "))
 }
 
-func (s *pgSource) Inspect(ctx context.Context) (*runstate.Status, error) {
-	st, err := s.db.Inspect(ctx, s.run)
+func (s *pgSource) Inspect(ctx context.Context) (st *runstate.Status, err error) {
+	err = s.lockWatch(ctx, func() error { st, err = s.db.Inspect(ctx, s.run); return err })
 	return st, s.wrap(err)
 }
 
-func (s *pgSource) NextSteps(ctx context.Context) (string, error) {
-	text, err := s.db.NextSteps(ctx, s.run)
+func (s *pgSource) NextSteps(ctx context.Context) (text string, err error) {
+	err = s.lockWatch(ctx, func() error { text, err = s.db.NextSteps(ctx, s.run); return err })
 	return text, s.wrap(err)
 }
 
@@ -435,18 +547,18 @@ func (s *pgSource) Handoff(ctx context.Context) (string, string, error) {
 }
 
 func (s *pgSource) ReadLedger(ctx context.Context, fn func(*runstate.Record) error) error {
-	return s.wrap(s.db.ReadLedger(ctx, s.run, fn))
+	return s.wrap(s.lockWatch(ctx, func() error { return s.db.ReadLedger(ctx, s.run, fn) }))
 }
 
-func (s *pgSource) Verify(ctx context.Context) (*runstate.Report, error) {
-	rep, err := s.db.Verify(ctx, s.run)
+func (s *pgSource) Verify(ctx context.Context) (rep *runstate.Report, err error) {
+	err = s.lockWatch(ctx, func() error { rep, err = s.db.Verify(ctx, s.run); return err })
 	return rep, s.wrap(err)
 }
 
 // VerifyBlobs is Verify that also rereads and rehashes every output's
 // blob (verify -blobs).
-func (s *pgSource) VerifyBlobs(ctx context.Context) (*runstate.Report, error) {
-	rep, err := s.db.Verify(ctx, s.run, pgstore.RehashBlobs())
+func (s *pgSource) VerifyBlobs(ctx context.Context) (rep *runstate.Report, err error) {
+	err = s.lockWatch(ctx, func() error { rep, err = s.db.Verify(ctx, s.run, pgstore.RehashBlobs()); return err })
 	return rep, s.wrap(err)
 }
 
@@ -621,12 +733,14 @@ func (s *pgSource) Export(ctx context.Context, w io.Writer) (int64, error) {
 	bw := bufio.NewWriterSize(w, 256<<10)
 	var c cli.Chain
 	var n int64
-	err := s.lines(ctx, &c, func(line []byte, _ *runstate.Record) error {
-		if _, err := bw.Write(line); err != nil {
-			return err
-		}
-		n++
-		return bw.WriteByte('\n')
+	err := s.lockWatch(ctx, func() error {
+		return s.lines(ctx, &c, func(line []byte, _ *runstate.Record) error {
+			if _, err := bw.Write(line); err != nil {
+				return err
+			}
+			n++
+			return bw.WriteByte('\n')
+		})
 	})
 	if ferr := bw.Flush(); err == nil {
 		err = ferr
@@ -644,7 +758,8 @@ func (s *pgSource) Open(ctx context.Context, opts *runstate.Options) (*runstate.
 		}
 		s.work = dir
 	}
-	r, err := s.db.Open(ctx, s.run, s.work, opts)
+	var r *runstate.Run
+	err := s.lockWatch(ctx, func() (err error) { r, err = s.db.Open(ctx, s.run, s.work, opts); return err })
 	return r, s.wrap(err)
 }
 
