@@ -273,12 +273,12 @@ func TestTimeoutAdvice(t *testing.T) {
 	assert.Empty(t, timeoutAdvice(errors.New("no server")))
 }
 
-// A read command behind a lock (a schema upgrade's ALTER TABLE, a VACUUM
-// FULL, a LOCK TABLE) says, after a few seconds, which server process
-// holds it and how to cancel its query, then goes on when the lock is
-// released: it waited without a word.
+// A read command, or exec, behind a lock (a schema upgrade's ALTER
+// TABLE, a VACUUM FULL, a LOCK TABLE) says, after a few seconds, which
+// server process holds it and how to end it, then goes on when the lock
+// is released: it waited without a word.
 func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
-	dsn, db, _ := runOne(t)
+	dsn, db, w := runOne(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
 	require.NoError(t, err)
@@ -297,7 +297,7 @@ func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
 		out, err *syncBuffer
 	}
 	var cmds []waiting
-	for _, args := range [][]string{{"status", address(dsn, "one")}, {"export", address(dsn, "one")}} {
+	for _, args := range [][]string{{"status", address(dsn, "one")}, {"export", address(dsn, "one")}, {"exec", w, "build", "--", "true"}} {
 		w := waiting{args: args, cmd: exec.Command(bin, args...), out: &syncBuffer{}, err: &syncBuffer{}}
 		w.cmd.Stdout, w.cmd.Stderr = w.out, w.err
 		require.NoError(t, w.cmd.Start())
@@ -326,4 +326,5 @@ func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
 	}
 	assert.Contains(t, cmds[0].out.String(), "one", "status went on")
 	assert.Contains(t, cmds[1].out.String(), `"ev":"create"`, "export went on")
+	assert.Contains(t, cmds[2].err.String(), "build", "exec went on")
 }

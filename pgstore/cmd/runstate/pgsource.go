@@ -31,10 +31,13 @@ type pgSource struct {
 	addr string // the address without its password, for messages
 	dsn  string // the address without run=NAME (RunID's, lockWatch's connections); never printed
 	app  string // the connections' application_name (lockWatch)
-	run  string
-	db   *pgstore.DB
-	work string // the operator session's working directory, once made
-	note func(string)
+	// said is the lock holders lockWatch has named, each once a command.
+	said   map[int]bool
+	saidMu sync.Mutex
+	run    string
+	db     *pgstore.DB
+	work   string // the operator session's working directory, once made
+	note   func(string)
 }
 
 // SetNote is cli.Noter: note prints on the command's standard error.
@@ -108,7 +111,7 @@ const lockNote = 3 * time.Second
 // lockWatch runs read; while it has not returned, it asks the server
 // every lockNote, on a connection of its own, whether one of this
 // command's connections (s.app) waits for a lock, and says which server
-// process holds it, once a holder: a read behind a schema upgrade, a
+// process holds it, once a holder in a command (firstSaid): a read behind a schema upgrade, a
 // VACUUM FULL or a LOCK TABLE waited without a word. A read that is
 // slow for any other reason (a long verify) says nothing.
 func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
@@ -122,7 +125,6 @@ func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 		defer wg.Done()
 		tick := time.NewTicker(lockNote)
 		defer tick.Stop()
-		said := map[int]bool{}
 		for {
 			select {
 			case <-done:
@@ -132,10 +134,9 @@ func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 			case <-tick.C:
 			}
 			h, err := s.lockHolder(ctx)
-			if err != nil || h.pid == 0 || said[h.pid] {
+			if err != nil || h.pid == 0 || !s.firstSaid(h.pid) {
 				continue
 			}
-			said[h.pid] = true
 			select {
 			case <-done: // answered meanwhile: nothing to say
 				return
@@ -148,6 +149,21 @@ func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 	close(done)
 	wg.Wait()
 	return err
+}
+
+// firstSaid reports whether holder pid is yet to be named, and counts it
+// named.
+func (s *pgSource) firstSaid(pid int) bool {
+	s.saidMu.Lock()
+	defer s.saidMu.Unlock()
+	if s.said[pid] {
+		return false
+	}
+	if s.said == nil {
+		s.said = map[int]bool{}
+	}
+	s.said[pid] = true
+	return true
 }
 
 // holder is a server process that holds a lock another waits for.
@@ -242,6 +258,7 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 			runstate.ErrMismatch, name, what, rj, run, own.ID, cli.Redact(own.Address), rj)
 	}
 	noRun := fmt.Sprintf("no run %q in schema %s", run, schema)
+	dsn, app := withApp(dsn)
 	db, err := pgstore.ConnectReadOnly(ctx, dsn)
 	switch {
 	case err == nil:
@@ -271,12 +288,14 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("runstate: %s: %w%s", name, err, timeoutAdvice(err))
 	}
-	src := &pgSource{addr: name, run: run, db: db}
+	// A pipeline command's notes go where the command's do (cli's notef).
+	src := &pgSource{addr: name, dsn: dsn, app: app, run: run, db: db, note: func(msg string) { fmt.Fprintln(os.Stderr, escape.Page(msg)) }}
 	if opts.Request == "" || own.ID != "" {
 		// No row, or the row of an Open refused before the run's first
 		// record: no run either way (Has; not an Inspect, which would
 		// read the whole run).
-		has, err := db.Has(ctx, run)
+		var has bool
+		err := src.lockWatch(ctx, func() (err error) { has, err = db.Has(ctx, run); return err })
 		switch {
 		case err != nil:
 			defer db.Close()
@@ -291,7 +310,8 @@ func runPG(ctx context.Context, addr, workDir string, opts *runstate.Options) (*
 		// Another id under the name (the run made again): DB.Open
 		// refuses the directory before recording anything.
 	}
-	r, err := db.Open(ctx, run, workDir, opts)
+	var r *runstate.Run
+	err = src.lockWatch(ctx, func() (err error) { r, err = db.Open(ctx, run, workDir, opts); return err })
 	if err != nil {
 		defer db.Close()
 		return nil, nil, src.wrap(err)
