@@ -322,7 +322,8 @@ func lead(ctx context.Context, dsn, name, dir string, machines int, out io.Write
 			fmt.Fprintf(out, "verify: %+v\n", p)
 		}
 	}
-	fmt.Fprintf(out, "look at it: runstate status '%s' (the command: cd pgstore && go build -o runstate ./cmd/runstate)\n", st.Address)
+	fmt.Fprintf(out, "look at it: runstate status '%s' (the command: cd pgstore && go build -o runstate ./cmd/runstate), while the server runs\n", st.Address)
+	fmt.Fprintf(out, "the machines' working directories are kept in %s (each one's logs/run.json names the run: remove them when done)\n", dir)
 	switch {
 	case incomplete > 0:
 		return fmt.Errorf("%d stages are not complete", incomplete)
