@@ -214,9 +214,9 @@ func (out *outputs) check(outs []Output) string {
 
 // linkOut names, for an output rel that could not be opened (not for
 // being no regular file), the first symbolic link on its path (the file
-// or a directory): the directory's root follows none out of the run
-// ("path escapes from parent"). It says what to do; "" when there is no
-// link.
+// or a directory) that leads out of the run: the directory's root
+// follows none ("path escapes from parent"). It says what to do; "" when
+// there is no such link (a link within the run is followed).
 func (out *outputs) linkOut(rel string) string {
 	parts := strings.Split(path.Clean(rel), "/")
 	for i := range parts {
@@ -227,8 +227,8 @@ func (out *outputs) linkOut(rel string) string {
 		}
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			to, err := out.root.Readlink(p)
-			if err != nil {
-				return ""
+			if err != nil || !filepath.IsAbs(to) && filepath.IsLocal(filepath.Join(filepath.Dir(p), to)) {
+				return "" // a link within the run (the root follows it): not the cause
 			}
 			return fmt.Sprintf("%s is a symbolic link (to %q) out of the run directory, which runstate does not follow: replace the link with what it points to", filepath.ToSlash(p), to)
 		}

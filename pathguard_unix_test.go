@@ -585,3 +585,22 @@ func TestVerifyNamesALinkOutInsteadOfAnEscape(t *testing.T) {
 		})
 	}
 }
+
+// A link within the run that is not the cause of an unreadable output (a
+// loop of links here) is not named as one out of the run.
+func TestVerifyNamesNoLinkWithinTheRunAsOut(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	require.NoError(t, r.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("artifacts/plan.md", []byte("the plan\n"))
+	}))
+	require.NoError(t, r.Close())
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "artifacts")))
+	require.NoError(t, os.Symlink("loop2", filepath.Join(dir, "artifacts")))
+	require.NoError(t, os.Symlink("artifacts", filepath.Join(dir, "loop2")))
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1)
+	assert.Contains(t, rep.Problems[0].What, "output artifacts/plan.md unreadable: ")
+	assert.NotContains(t, rep.Problems[0].What, "out of the run directory")
+}

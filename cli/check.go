@@ -252,7 +252,7 @@ func (c *cli) metrics(addrs []string, asJSON bool) int {
 	ctx := context.Background()
 	out := metricsJSON{Runs: []runMetrics{}}
 	failed := false
-	seen := map[string]string{} // a run's id: the name it was read by first
+	seen := map[[2]string]string{} // a run's id and address: the name it was read by first
 	for _, addr := range addrs {
 		st, name, err := c.inspectOne(ctx, addr)
 		if err != nil {
@@ -260,13 +260,15 @@ func (c *cli) metrics(addrs []string, asJSON bool) int {
 			failed = true
 			continue
 		}
-		if first, ok := seen[st.ID]; ok {
-			// One run named twice (a path and its working directory, an
-			// address spelt two ways): its figures are counted once.
-			c.notef("runstate: %s is run %s, which %s named already: counted once", name, st.ID, first)
+		// One run named twice (a path spelt two ways, an address and a
+		// working directory of it) counts once: the same id at the same
+		// place. A copy of a run directory keeps the id, elsewhere.
+		key := [2]string{st.ID, st.Address}
+		if first, ok := seen[key]; ok && st.ID != "" && st.Address != "" {
+			c.notef("runstate: %s is run %s at %s, which %s named already: counted once", name, st.ID, st.Address, first)
 			continue
 		}
-		seen[st.ID] = name
+		seen[key] = name
 		out.Runs = append(out.Runs, runMetrics{Dir: name, ID: st.ID, Seq: st.Seq, Metrics: st.Metrics})
 		m, t := st.Metrics, &out.Total
 		t.Sessions += m.Sessions

@@ -881,7 +881,19 @@ func TestMetrics(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(res.out), &m))
 	require.Len(t, m.Runs, 2)
 	assert.Equal(t, 3, m.Total.Sessions)
-	assert.Contains(t, res.err, "is run "+m.Runs[1].ID+", which "+b+" named already: counted once")
+	assert.Contains(t, res.err, "is run "+m.Runs[1].ID+" at "+b+", which "+b+" named already: counted once")
+
+	// A copy of a run directory has the run's id, and is another run.
+	cp := filepath.Join(t.TempDir(), "copy")
+	require.NoError(t, os.CopyFS(cp, os.DirFS(b)))
+	res = readCLI(t, b, "metrics", "-json", b, cp)
+	assert.Equal(t, 0, res.code, res.err)
+	m = metricsJSON{}
+	require.NoError(t, json.Unmarshal([]byte(res.out), &m))
+	require.Len(t, m.Runs, 2, "the copy counts")
+	assert.Equal(t, m.Runs[0].ID, m.Runs[1].ID)
+	assert.Equal(t, 4, m.Total.Sessions)
+	assert.NotContains(t, res.err, "counted once")
 
 	res = runCLI(t, "metrics", a, filepath.Join(t.TempDir(), "nope"))
 	assert.Equal(t, 1, res.code)

@@ -400,6 +400,10 @@ type execOptions struct {
 // first is nil.
 func (c *cli) openRun(name, dir, request string, maxAttempts int, timeout time.Duration) (*runstate.Run, int) {
 	opts := &runstate.Options{Request: request, MaxAttempts: maxAttempts, LockTimeout: timeout, OnRecord: c.onRecord}
+	if err := conninfoError(dir); err != nil {
+		// It would be made a directory by that name, in the messages.
+		return nil, c.usageError(name, err.Error())
+	}
 	c.where = dir
 	addr := c.at
 	if addr == "" {

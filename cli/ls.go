@@ -173,6 +173,11 @@ func (c *cli) ls(roots []string, depth int, asJSON bool) int {
 			closeAll()
 			continue
 		}
+		if err := conninfoError(root); err != nil {
+			c.notef("runstate ls: %v", err)
+			unreadable = true
+			continue
+		}
 		walk(filepath.Clean(root), 0)
 	}
 	if visited >= lsMaxDirs {

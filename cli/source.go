@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/runstate/runstate"
 )
@@ -186,7 +188,7 @@ func (c *cli) openSource(ctx context.Context, addr string) (Source, error) {
 	}
 	if to, ok := workDirOf(addr); ok {
 		if s, _ := scheme(to); c.sources[s] != nil {
-			return openWorkDir(ctx, addr, to, c.sources[s])
+			return c.openWorkDir(ctx, addr, to, c.sources[s])
 		}
 		hint := "run this command on that address with the runstate command that reads its store"
 		if s, _ := scheme(to); s == "postgres" || s == "postgresql" {
@@ -222,66 +224,39 @@ func notADir(addr string) error {
 		}
 		return fmt.Errorf("%s has no %s, and its %s names no run address (%s): if it is the working directory of a run kept elsewhere, give that run's address instead of %s (postgres://USER@HOST:PORT/DB?run=NAME), and restore or remove %s", addr, "logs/ledger.jsonl", runstate.WorkDirFile, why, addr, wd)
 	}
-	if _, err := os.Lstat(addr); err != nil && looksLikeConninfo(addr) {
-		return fmt.Errorf("%s is a key=value connection string, which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass)", redactConninfo(addr))
-	}
-	return nil
+	return conninfoError(addr)
 }
+
+// conninfoError refuses a libpq key=value connection string given where
+// a run directory or address goes (a directory by that name does not
+// exist), without showing it: its password, if it has one, could be
+// anywhere in it (quoted, escaped, after any white space), and masking
+// it is a parser's work that the message does not need. nil for
+// anything else.
+func conninfoError(addr string) error {
+	if _, err := os.Lstat(addr); err == nil || !looksLikeConninfo(addr) {
+		return nil
+	}
+	return errors.New("the DIR given is a key=value connection string (not shown: it may hold a password), which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass)")
+}
+
+// aroundEquals is the white space libpq allows around a key=value's '='.
+var aroundEquals = regexp.MustCompile(`\s*=\s*`)
 
 // looksLikeConninfo reports whether s reads as a libpq key=value
 // connection string ("host=db dbname=agents user=agent").
 func looksLikeConninfo(s string) bool {
-	for _, f := range strings.Fields(s) {
+	s = aroundEquals.ReplaceAllString(s, "=") // "password = x" as libpq reads it
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || r == '\'' }) {
 		k, _, ok := strings.Cut(f, "=")
 		switch strings.ToLower(strings.TrimSpace(k)) {
-		case "host", "hostaddr", "port", "dbname", "user", "password", "sslmode", "run", "schema":
+		case "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "sslmode", "sslpassword", "sslkey", "sslcert", "sslrootcert", "service", "run", "schema":
 			if ok {
 				return true
 			}
 		}
 	}
 	return false
-}
-
-// redactConninfo masks the value of every password or sslpassword
-// setting in a key=value connection string, quoted or not.
-func redactConninfo(s string) string {
-	var b strings.Builder
-	for len(s) > 0 {
-		i := strings.IndexByte(s, '=')
-		if i < 0 {
-			b.WriteString(s)
-			break
-		}
-		key := strings.ToLower(strings.TrimSpace(s[:i]))
-		if j := strings.LastIndexAny(key, " \t\n"); j >= 0 {
-			key = key[j+1:]
-		}
-		b.WriteString(s[:i+1])
-		s = s[i+1:]
-		if key != "password" && key != "sslpassword" {
-			continue
-		}
-		s = strings.TrimLeft(s, " \t\n")
-		end := strings.IndexAny(s, " \t\n")
-		if strings.HasPrefix(s, "'") {
-			end = len(s)
-			for k := 1; k < len(s); k++ {
-				if s[k] == '\\' {
-					k++
-				} else if s[k] == '\'' {
-					end = k + 1
-					break
-				}
-			}
-		}
-		if end < 0 {
-			end = len(s)
-		}
-		b.WriteString("xxxxx")
-		s = s[end:]
-	}
-	return b.String()
 }
 
 // RunIdentifier is a Source that can tell the id of the run it reads
@@ -298,7 +273,7 @@ type RunIdentifier interface {
 // directory dir's logs/run.json names. An error says where the address
 // came from (the user gave dir, not it); a run there with another id
 // than the file's is refused, naming both (RunIdentifier).
-func openWorkDir(ctx context.Context, dir, to string, open Opener) (Source, error) {
+func (c *cli) openWorkDir(ctx context.Context, dir, to string, open Opener) (Source, error) {
 	rj := filepath.Join(dir, filepath.FromSlash(runstate.WorkDirFile))
 	from := func(err error) error {
 		return &fromWorkDir{fmt.Sprintf("%s is a working directory of the run at %s (its %s says so): ", dir, Redact(to), runstate.WorkDirFile), err}
@@ -306,6 +281,10 @@ func openWorkDir(ctx context.Context, dir, to string, open Opener) (Source, erro
 	src, err := open(ctx, to)
 	if err != nil {
 		return nil, from(err)
+	}
+	if n, ok := src.(Noter); ok {
+		// RunID's wait can have something to say too (a lock).
+		n.SetNote(func(s string) { c.notef("%s", s) })
 	}
 	ri, ok := src.(RunIdentifier)
 	want := workDirID(dir)
@@ -319,7 +298,7 @@ func openWorkDir(ctx context.Context, dir, to string, open Opener) (Source, erro
 	}
 	if got != "" && got != want {
 		src.Close()
-		return nil, fmt.Errorf("%s names run id %s at %s for the working directory %s, and the run of that name there is another one (id %s): the directory's run was dropped and made again under its name, or the address now reaches another database; to read the run there anyway, give its address (runstate status %s); remove %s if %s serves no run any more", rj, want, Redact(to), dir, got, quoteArg(Redact(to)), rj, dir)
+		return nil, fmt.Errorf("%w: %s names run id %s at %s for the working directory %s, and the run of that name there is another one (id %s): the directory's run was dropped and made again under its name, or the address now reaches another database; to read the run there anyway, give its address (runstate status %s); remove %s if %s serves no run any more", runstate.ErrMismatch, rj, want, Redact(to), dir, got, quoteArg(Redact(to)), rj, dir)
 	}
 	return src, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -330,15 +331,29 @@ func TestADamagedWorkDirFileIsNamed(t *testing.T) {
 	}
 
 	for _, dsn := range []string{
-		"host=db dbname=agents user=agent password=WrongPw99 run=billing",
-		"host=db password = 'Wrong Pw\\'99' dbname=agents",
+		"host=db dbname=agents user=agent password=Sekr1t99 run=billing",
+		"host=db password = 'Wrong Sekr1t99\\'x' dbname=agents",
+		"host='db'password=Sekr1t99",
+		"host=db\rpassword=Sekr1t99",
+		"host=db\vpassword=Sekr1t99",
+		"host=db password=ab\\ Sekr1t99",
+		"dbname=postgres://u:Sekr1t99@h/db",
+		"sslpassword=Sekr1t99 sslkey=/k",
 	} {
-		res := runCLI(t, "status", dsn)
-		assert.Equal(t, exitFail, res.code, dsn)
-		assert.Contains(t, res.err, "is a key=value connection string, which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME", dsn)
-		assert.NotContains(t, res.err, "WrongPw99", dsn)
-		assert.NotContains(t, res.err, "Pw\\'99", dsn)
-		assert.Regexp(t, `password ?= ?xxxxx (dbname|run)=`, res.err, dsn)
+		for _, args := range [][]string{{"status", dsn}, {"verify", dsn}, {"ls", dsn}, {"exec", dsn, "s", "--", "true"}, {"plan", dsn, "-request", "r", "s"}} {
+			cwd := t.TempDir()
+			cmd := exec.Command(bin, args...)
+			cmd.Dir = cwd
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			res := resultOf(t, cmd.Run(), &out, &errb)
+			assert.NotEqual(t, 0, res.code, "%q", args)
+			assert.Contains(t, res.err, "the DIR given is a key=value connection string (not shown: it may hold a password), which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME", "%q", args)
+			assert.NotContains(t, res.err+res.out, "Sekr1t99", "%q", args)
+			entries, err := os.ReadDir(cwd)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "%q: nothing made", args)
+		}
 	}
 }
 

@@ -439,7 +439,7 @@ func (s *session) shareRun(ctx context.Context, conn *pgx.Conn) error {
 			if errors.Is(cerr, context.DeadlineExceeded) {
 				timeout = ", or wait longer (the deadline of Open's context: -timeout D for the runstate command)"
 			}
-			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go: %w; nothing was recorded: see pg_stat_activity for the 'runstate session' connection that holds advisory lock %d exclusive (a frozen process?)%s",
+			return fmt.Errorf("pgstore: session %s: waiting for the session that has run %s alone to let it go: %w; nothing was recorded: see pg_stat_activity for the connection that holds advisory lock %d exclusive, named 'runstate session' unless its program's DSN names it ('runstate command PID@HOST' for the runstate command's; a frozen process?)%s",
 				s.id, s.runID, lockTimeout(cerr), s.runKey, timeout)
 		}
 		return s.db.connectError(err)

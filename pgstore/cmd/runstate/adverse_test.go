@@ -293,15 +293,35 @@ func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
 
 	type waiting struct {
 		args     []string
+		env      string // PGAPPNAME, when set
 		cmd      *exec.Cmd
 		out, err *syncBuffer
 	}
-	var cmds []waiting
-	for _, args := range [][]string{{"status", address(dsn, "one")}, {"export", address(dsn, "one")}, {"exec", w, "build", "--", "true"}} {
-		w := waiting{args: args, cmd: exec.Command(bin, args...), out: &syncBuffer{}, err: &syncBuffer{}}
+	var cmds, named []*waiting
+	for _, c := range []struct {
+		args []string
+		env  string
+	}{
+		{args: []string{"status", address(dsn, "one")}},
+		{args: []string{"export", address(dsn, "one")}},
+		{args: []string{"exec", w, "build", "--", "true"}},
+		{args: []string{"status", w}}, // its run's id is read first
+		// Connections named by the user: others may have that name, and
+		// their waits are not this command's: nothing is said.
+		{args: []string{"status", address(dsn, "one") + "&application_name=agents"}},
+		{args: []string{"status", address(dsn, "one")}, env: "mymonitor"},
+	} {
+		w := &waiting{args: c.args, env: c.env, cmd: exec.Command(bin, c.args...), out: &syncBuffer{}, err: &syncBuffer{}}
 		w.cmd.Stdout, w.cmd.Stderr = w.out, w.err
+		if c.env != "" {
+			w.cmd.Env = append(os.Environ(), "PGAPPNAME="+c.env)
+		}
 		require.NoError(t, w.cmd.Start())
-		cmds = append(cmds, w)
+		if c.env != "" || strings.Contains(c.args[1], "application_name") {
+			named = append(named, w)
+		} else {
+			cmds = append(cmds, w)
+		}
 		t.Cleanup(func() { w.cmd.Process.Kill(); w.cmd.Wait() })
 	}
 	start := time.Now()
@@ -318,13 +338,28 @@ func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
 		assert.Contains(t, w.err.String(), fmt.Sprintf("SELECT pg_cancel_backend(%d) cancels a query it runs, pg_terminate_backend(%d) ends it", pid, pid))
 		assert.Empty(t, w.out.String(), "%v: nothing read yet", w.args)
 	}
-	assert.GreaterOrEqual(t, time.Since(start), lockNote, "not before lockNote")
-	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(time.Until(start.Add(3 * lockNote))) // the named ones had their chances too
+	// Still waiting, not failed (a failure would be on standard error):
+	// the note alone, or nothing.
 	for _, w := range cmds {
+		assert.Equal(t, 1, strings.Count(w.err.String(), "\n"), "%v: %s", w.args, w.err.String())
+	}
+	for _, w := range named {
+		assert.Empty(t, w.err.String(), "%v %s", w.args, w.env)
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	for _, w := range append(cmds, named...) {
 		require.NoError(t, w.cmd.Wait(), "%v went on: %s", w.args, w.err.String())
+	}
+	for _, w := range cmds {
 		assert.Equal(t, 1, strings.Count(w.err.String(), "waits for a lock"), "%v: said once", w.args)
+	}
+	for _, w := range named {
+		assert.NotContains(t, w.err.String(), "waits for a lock", "%v %s", w.args, w.env)
+		assert.Contains(t, w.out.String(), "one", "%v %s went on", w.args, w.env)
 	}
 	assert.Contains(t, cmds[0].out.String(), "one", "status went on")
 	assert.Contains(t, cmds[1].out.String(), `"ev":"create"`, "export went on")
 	assert.Contains(t, cmds[2].err.String(), "build", "exec went on")
+	assert.Contains(t, cmds[3].out.String(), "one", "status of the working directory went on")
 }

@@ -86,12 +86,15 @@ func openPG(ctx context.Context, addr string) (cli.Source, error) {
 }
 
 // withApp names the command's connections (application_name) so that
-// lockWatch can find them among the server's, unless the address names
-// them: "runstate command PID@HOST". It returns the address and the name.
+// lockWatch can find them among the server's: "runstate command
+// PID@HOST". It returns the address and the name, or the address as it
+// is and "" when the address or PGAPPNAME names them already (lockWatch
+// then watches nothing: other connections may have that name, and their
+// waits are not this command's).
 func withApp(dsn string) (string, string) {
 	base, query, _ := strings.Cut(dsn, "?")
-	if _, app, ok, err := dsnparam.Cut(query, "application_name"); err == nil && ok {
-		return dsn, app
+	if _, _, ok, err := dsnparam.Cut(query, "application_name"); err != nil || ok || os.Getenv("PGAPPNAME") != "" {
+		return dsn, ""
 	}
 	host, _ := os.Hostname()
 	app := fmt.Sprintf("runstate command %d@%s", os.Getpid(), host)
@@ -118,35 +121,51 @@ func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 	if s.note == nil || s.app == "" {
 		return read()
 	}
-	done := make(chan struct{})
+	// wctx ends with the read: a question still connecting or waiting
+	// (behind a pooler with no free connection) is dropped, not waited
+	// for.
+	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		tick := time.NewTicker(lockNote)
 		defer tick.Stop()
+		var conn *pgx.Conn // one connection for every question of this read
+		defer func() {
+			if conn != nil {
+				conn.Close(context.WithoutCancel(wctx))
+			}
+		}()
 		for {
 			select {
-			case <-done:
-				return
-			case <-ctx.Done():
+			case <-wctx.Done():
 				return
 			case <-tick.C:
 			}
-			h, err := s.lockHolder(ctx)
-			if err != nil || h.pid == 0 || !s.firstSaid(h.pid) {
+			if conn == nil {
+				cctx, cancel := context.WithTimeout(wctx, noAnswer)
+				c, err := ownConn(cctx, s.dsn)
+				cancel()
+				if err != nil {
+					continue
+				}
+				conn = c
+			}
+			h, err := s.lockHolder(wctx, conn)
+			if err != nil {
+				conn.Close(context.WithoutCancel(wctx))
+				conn = nil
 				continue
 			}
-			select {
-			case <-done: // answered meanwhile: nothing to say
-				return
-			default:
+			if h.pid == 0 || !s.firstSaid(h.pid) || wctx.Err() != nil {
+				continue
 			}
 			s.say(fmt.Sprintf("runstate: %s: this command waits for a lock that server process %d holds (%s): it goes on when that transaction ends; Ctrl-C stops this command", s.addr, h.pid, h.what))
 		}
 	}()
 	err := read()
-	close(done)
+	stop()
 	wg.Wait()
 	return err
 }
@@ -172,24 +191,20 @@ type holder struct {
 	what string // who and what, for the note
 }
 
-// lockHolder asks the server, within noAnswer, for a process that holds
-// a lock one of this command's connections waits for (pg_blocking_pids);
-// a zero holder when none waits.
-func (s *pgSource) lockHolder(ctx context.Context) (holder, error) {
+// lockHolder asks the server on conn, within noAnswer, for a process
+// that holds a lock one of this command's connections waits for
+// (pg_blocking_pids), one that is not waiting for a lock itself first
+// (a queued ALTER TABLE waits too); a zero holder when none waits.
+func (s *pgSource) lockHolder(ctx context.Context, conn *pgx.Conn) (holder, error) {
 	ctx, cancel := context.WithTimeout(ctx, noAnswer)
 	defer cancel()
-	conn, err := ownConn(ctx, s.dsn)
-	if err != nil {
-		return holder{}, err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	var h holder
 	var user, app, state, query string
 	var secs int64
-	err = conn.QueryRow(ctx, `SELECT b.pid, coalesce(b.usename::text, ''), coalesce(b.application_name, ''), coalesce(b.state, ''), coalesce(left(b.query, 200), ''),
+	err := conn.QueryRow(ctx, `SELECT b.pid, coalesce(b.usename::text, ''), coalesce(b.application_name, ''), coalesce(b.state, ''), coalesce(left(b.query, 200), ''),
 	  coalesce(extract(epoch FROM now() - b.xact_start)::bigint, 0)
 	FROM pg_stat_activity a CROSS JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS w(pid) JOIN pg_stat_activity b ON b.pid = w.pid
-	WHERE a.application_name = $1 AND a.pid <> pg_backend_pid() LIMIT 1`, s.app).Scan(&h.pid, &user, &app, &state, &query, &secs)
+	WHERE a.application_name = $1 AND a.pid <> pg_backend_pid() ORDER BY b.wait_event_type IS NOT DISTINCT FROM 'Lock' LIMIT 1`, s.app).Scan(&h.pid, &user, &app, &state, &query, &secs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return holder{}, nil
 	} else if err != nil {
@@ -201,17 +216,16 @@ func (s *pgSource) lockHolder(ctx context.Context) (holder, error) {
 
 // RunID is cli.RunIdentifier: the id of the run (its create record's), ""
 // when the schema holds no run of that name, read on a connection of its
-// own (schemaAt) with queries any version of the schema answers, within
-// noAnswer.
+// own (schemaAt) with queries any version of the schema answers; a wait
+// for a lock is said, as the reads' (lockWatch).
 func (s *pgSource) RunID(ctx context.Context) (string, error) {
 	_, query, _ := strings.Cut(s.dsn, "?")
 	_, schema, _, err := dsnparam.Cut(query, "schema")
 	if err != nil || schema == "" {
 		schema = pgstore.DefaultSchema
 	}
-	ctx, cancel := context.WithTimeout(ctx, noAnswer) // a hung server: as log -follow's reads
-	defer cancel()
-	_, id, err := schemaAt(ctx, s.dsn, schema, s.run)
+	var id string
+	err = s.lockWatch(ctx, func() (err error) { _, id, err = schemaAt(ctx, s.dsn, schema, s.run); return err })
 	if err != nil {
 		return "", fmt.Errorf("runstate: %s: reading the run's id: %w%s", s.addr, err, timeoutAdvice(err))
 	}
