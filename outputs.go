@@ -227,8 +227,11 @@ func (out *outputs) linkOut(rel string) string {
 		}
 		if fi.Mode()&fs.ModeSymlink != 0 {
 			to, err := out.root.Readlink(p)
-			if err != nil || !filepath.IsAbs(to) && filepath.IsLocal(filepath.Join(filepath.Dir(p), to)) {
-				return "" // a link within the run (the root follows it): not the cause
+			if err != nil {
+				return ""
+			}
+			if !filepath.IsAbs(to) && filepath.IsLocal(filepath.Join(filepath.Dir(p), to)) {
+				continue // a link within the run (the root follows it): not the cause (a loop of them is named by the error itself)
 			}
 			return fmt.Sprintf("%s is a symbolic link (to %q) out of the run directory, which runstate does not follow: replace the link with what it points to", filepath.ToSlash(p), to)
 		}

@@ -556,17 +556,12 @@ func TestReadersDoNotOpenALinkedDevice(t *testing.T) {
 // directory replaced by one, is reported by Verify naming the link, its
 // target and what to do, not with os.Root's "path escapes from parent".
 func TestVerifyNamesALinkOutInsteadOfAnEscape(t *testing.T) {
-	ctx := context.Background()
 	for _, c := range []struct{ name, link, path string }{
 		{"file", "artifacts/plan.md", "artifacts/plan.md"},
 		{"directory", "artifacts", "artifacts/plan.md"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, dir := newTestRun(t)
-			require.NoError(t, r.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
-				return st.WriteFile("artifacts/plan.md", []byte("the plan\n"))
-			}))
-			require.NoError(t, r.Close())
+			dir := planRun(t)
 			outside := t.TempDir()
 			require.NoError(t, os.WriteFile(filepath.Join(outside, "plan.md"), []byte("the plan\n"), 0o644))
 			to := filepath.Join(outside, "plan.md")
@@ -589,12 +584,7 @@ func TestVerifyNamesALinkOutInsteadOfAnEscape(t *testing.T) {
 // A link within the run that is not the cause of an unreadable output (a
 // loop of links here) is not named as one out of the run.
 func TestVerifyNamesNoLinkWithinTheRunAsOut(t *testing.T) {
-	ctx := context.Background()
-	r, dir := newTestRun(t)
-	require.NoError(t, r.Do(ctx, "plan", func(ctx context.Context, st *runstate.Stage) error {
-		return st.WriteFile("artifacts/plan.md", []byte("the plan\n"))
-	}))
-	require.NoError(t, r.Close())
+	dir := planRun(t)
 	require.NoError(t, os.RemoveAll(filepath.Join(dir, "artifacts")))
 	require.NoError(t, os.Symlink("loop2", filepath.Join(dir, "artifacts")))
 	require.NoError(t, os.Symlink("artifacts", filepath.Join(dir, "loop2")))
@@ -603,4 +593,31 @@ func TestVerifyNamesNoLinkWithinTheRunAsOut(t *testing.T) {
 	require.Len(t, rep.Problems, 1)
 	assert.Contains(t, rep.Problems[0].What, "output artifacts/plan.md unreadable: ")
 	assert.NotContains(t, rep.Problems[0].What, "out of the run directory")
+}
+
+// A link out of the run behind a link within it (artifacts -> real, a
+// directory of the run; real/plan.md -> a file outside) is named.
+func TestVerifyNamesALinkOutBehindALinkWithin(t *testing.T) {
+	dir := planRun(t)
+	require.NoError(t, os.Rename(filepath.Join(dir, "artifacts"), filepath.Join(dir, "real")))
+	require.NoError(t, os.Symlink("real", filepath.Join(dir, "artifacts")))
+	outside := filepath.Join(t.TempDir(), "plan.md")
+	require.NoError(t, os.WriteFile(outside, []byte("the plan\n"), 0o644))
+	require.NoError(t, os.Remove(filepath.Join(dir, "real", "plan.md")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "real", "plan.md")))
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1)
+	assert.Contains(t, rep.Problems[0].What, fmt.Sprintf("output artifacts/plan.md unreadable: artifacts/plan.md is a symbolic link (to %q) out of the run directory", outside))
+}
+
+// planRun is a closed run whose stage plan wrote artifacts/plan.md.
+func planRun(t *testing.T) string {
+	t.Helper()
+	r, dir := newTestRun(t)
+	require.NoError(t, r.Do(context.Background(), "plan", func(ctx context.Context, st *runstate.Stage) error {
+		return st.WriteFile("artifacts/plan.md", []byte("the plan\n"))
+	}))
+	require.NoError(t, r.Close())
+	return dir
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"path/filepath"
 	"time"
 
 	"github.com/runstate/runstate"
@@ -264,6 +265,11 @@ func (c *cli) metrics(addrs []string, asJSON bool) int {
 		// working directory of it) counts once: the same id at the same
 		// place. A copy of a run directory keeps the id, elsewhere.
 		key := [2]string{st.ID, st.Address}
+		if _, ok := scheme(st.Address); !ok {
+			if real, err := filepath.EvalSymlinks(st.Address); err == nil {
+				key[1] = real // a run directory by a link's path too
+			}
+		}
 		if first, ok := seen[key]; ok && st.ID != "" && st.Address != "" {
 			c.notef("runstate: %s is run %s at %s, which %s named already: counted once", name, st.ID, st.Address, first)
 			continue

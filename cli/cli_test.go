@@ -883,6 +883,15 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 3, m.Total.Sessions)
 	assert.Contains(t, res.err, "is run "+m.Runs[1].ID+" at "+b+", which "+b+" named already: counted once")
 
+	// A link to a run directory is that run.
+	link := filepath.Join(t.TempDir(), "link")
+	require.NoError(t, os.Symlink(b, link))
+	res = readCLI(t, b, "metrics", "-json", b, link)
+	assert.Equal(t, 0, res.code, res.err)
+	m = metricsJSON{}
+	require.NoError(t, json.Unmarshal([]byte(res.out), &m))
+	require.Len(t, m.Runs, 1, "counted once: %s", res.err)
+
 	// A copy of a run directory has the run's id, and is another run.
 	cp := filepath.Join(t.TempDir(), "copy")
 	require.NoError(t, os.CopyFS(cp, os.DirFS(b)))

@@ -279,7 +279,10 @@ With -json it prints the library's runstate.RepairReport: {"dir", "ledger",
 }
 
 func (c *cli) repair(dir string, o *runstate.RepairOptions, asJSON bool) int {
-	err := isFile(dir)
+	err := conninfoError(dir)
+	if err == nil {
+		err = isFile(dir)
+	}
 	var rep *runstate.RepairReport
 	if err == nil {
 		rep, err = runstate.Repair(dir, o)

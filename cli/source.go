@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/runstate/runstate"
 )
@@ -237,26 +236,71 @@ func conninfoError(addr string) error {
 	if _, err := os.Lstat(addr); err == nil || !looksLikeConninfo(addr) {
 		return nil
 	}
-	return errors.New("the DIR given is a key=value connection string (not shown: it may hold a password), which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass)")
+	return errors.New("the DIR given is a key=value connection string (not shown: it may hold a password), which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass); if it is a directory to make, create it first")
 }
 
-// aroundEquals is the white space libpq allows around a key=value's '='.
-var aroundEquals = regexp.MustCompile(`\s*=\s*`)
+// aroundEquals is the white space libpq allows around a key=value's '='
+// (conninfoTokens has made every white space a space).
+var aroundEquals = regexp.MustCompile(` *= *`)
+
+// conninfoKeys are the libpq settings (and the command's run and schema)
+// that make a key=value connection string of a text.
+var conninfoKeys = map[string]bool{
+	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
+	"passfile": true, "connect_timeout": true, "options": true, "application_name": true,
+	"sslmode": true, "sslpassword": true, "sslkey": true, "sslcert": true, "sslrootcert": true,
+	"sslcrl": true, "service": true, "target_session_attrs": true, "run": true, "schema": true,
+}
 
 // looksLikeConninfo reports whether s reads as a libpq key=value
-// connection string ("host=db dbname=agents user=agent").
+// connection string ("host=db dbname=agents user=agent"): one that
+// names a password (password=, sslpassword=, or an '@' with a setting:
+// a URL as a value), which is never shown, or one made of settings
+// alone, at least two of them. A directory name with one '=' (host=a,
+// runs/run=7) is not one.
 func looksLikeConninfo(s string) bool {
-	s = aroundEquals.ReplaceAllString(s, "=") // "password = x" as libpq reads it
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || r == '\'' }) {
-		k, _, ok := strings.Cut(f, "=")
-		switch strings.ToLower(strings.TrimSpace(k)) {
-		case "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "sslmode", "sslpassword", "sslkey", "sslcert", "sslrootcert", "service", "run", "schema":
-			if ok {
-				return true
+	toks := conninfoTokens(s)
+	known := 0
+	for _, t := range toks {
+		k, _, ok := strings.Cut(t, "=")
+		k = strings.ToLower(k)
+		if !ok || !conninfoKeys[k] {
+			continue
+		}
+		if k == "password" || k == "sslpassword" || strings.Contains(s, "@") {
+			return true
+		}
+		known++
+	}
+	return known >= 2 && known == len(toks)
+}
+
+// conninfoTokens splits s as libpq splits a key=value connection string:
+// at any white space, after a quoted value (its text is left out: it
+// may be a password), and not at a backslash-escaped character.
+func conninfoTokens(s string) []string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\'':
+			j := i + 1
+			for ; j < len(s) && s[j] != '\''; j++ {
+				if s[j] == '\\' {
+					j++
+				}
 			}
+			b.WriteString("Q ")
+			i = j
+		case c == '\\' && i+1 < len(s):
+			b.WriteByte('E')
+			i++
+		case strings.IndexByte(" \t\n\v\f\r", c) >= 0:
+			b.WriteByte(' ')
+		default:
+			b.WriteByte(c)
 		}
 	}
-	return false
+	return strings.Fields(aroundEquals.ReplaceAllString(b.String(), "="))
 }
 
 // RunIdentifier is a Source that can tell the id of the run it reads

@@ -339,8 +339,12 @@ func TestADamagedWorkDirFileIsNamed(t *testing.T) {
 		"host=db password=ab\\ Sekr1t99",
 		"dbname=postgres://u:Sekr1t99@h/db",
 		"sslpassword=Sekr1t99 sslkey=/k",
+		"password\v=Sekr1t99",
+		"connect_timeout=5 password\v=Sekr1t99",
+		"password=Sekr1t99 junk",
+		"dbname='postgres://u:Sekr1t99@h/db'",
 	} {
-		for _, args := range [][]string{{"status", dsn}, {"verify", dsn}, {"ls", dsn}, {"exec", dsn, "s", "--", "true"}, {"plan", dsn, "-request", "r", "s"}} {
+		for _, args := range [][]string{{"status", dsn}, {"verify", dsn}, {"ls", dsn}, {"repair", dsn}, {"exec", dsn, "s", "--", "true"}, {"plan", dsn, "-request", "r", "s"}} {
 			cwd := t.TempDir()
 			cmd := exec.Command(bin, args...)
 			cmd.Dir = cwd
@@ -354,6 +358,20 @@ func TestADamagedWorkDirFileIsNamed(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, entries, "%q: nothing made", args)
 		}
+	}
+
+	// A directory to make whose name has an '=' (a partition's, a
+	// setting's) is not one: plan makes it.
+	for _, dir := range []string{"host=a", "run=7", "host=web1/2024", "runs/job 1 user=bob", "it's user=x", "runs/host=a"} {
+		cwd := t.TempDir()
+		cmd := exec.Command(bin, "plan", dir, "-request", "r", "s")
+		cmd.Dir = cwd
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		res := resultOf(t, cmd.Run(), &out, &errb)
+		assert.Equal(t, 0, res.code, "%q: %s", dir, res.err)
+		_, err := os.Stat(filepath.Join(cwd, dir, "logs", "ledger.jsonl"))
+		assert.NoError(t, err, "%q: the run was made", dir)
 	}
 }
 

@@ -476,6 +476,13 @@ func (db *DB) connectError(err error) error {
 			return fmt.Errorf("pgstore: cannot connect to %s: %w; the server has no connection slot left for this user (max_connections, or the role's or database's CONNECTION LIMIT): each open Run holds a lock connection of its own besides the pool's (up to pool_max_conns in the DSN, at least 8): raise the limit, or lower pool_max_conns, or close idle programs", db.where, err)
 		}
 	}
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		// Connected, then a statement waited past the context: a lock,
+		// as a rule (a LOCK TABLE, a VACUUM FULL, a schema upgrade), not
+		// a server that cannot be reached.
+		return fmt.Errorf("pgstore: %s: %w: a statement waited until the context ended (its deadline: Options.LockTimeout while a Run opens, the runstate command's -timeout): a lock that another transaction holds, as a rule (SELECT pid, pg_blocking_pids(pid), query FROM pg_stat_activity WHERE wait_event_type = 'Lock' shows who waits for whom), or a server too busy to answer", db.where, lockTimeout(err))
+	}
 	return fmt.Errorf("pgstore: cannot connect to %s: %w; check that the server runs and accepts connections there (host, port and sslmode in the DSN, listen_addresses, pg_hba.conf)", db.where, err)
 }
 

@@ -43,7 +43,11 @@ import (
 // the run's head row, while another session's batch holds it) as long as
 // ctx allows, and Options.LockTimeout when set: a wait that ctx ends fails
 // with ctx's error (and runstate.ErrLockTimeout at its deadline), leaving
-// no lock, no session and no record behind.
+// no lock, no session and no record behind; so does a wait for a table's
+// lock (LOCK TABLE, VACUUM FULL, a schema upgrade elsewhere) before the
+// session holds the run, saying a statement waited. Once it holds it,
+// the commit of its open record waits for such a lock without a bound
+// (a commit is resolved, not abandoned).
 //
 // Open fails with runstate.ErrMismatch when the run serves another
 // Request, as Open does for a directory, or when workDir is another

@@ -338,7 +338,10 @@ func TestReadCommandsSayWhichLockTheyWaitFor(t *testing.T) {
 		assert.Contains(t, w.err.String(), fmt.Sprintf("SELECT pg_cancel_backend(%d) cancels a query it runs, pg_terminate_backend(%d) ends it", pid, pid))
 		assert.Empty(t, w.out.String(), "%v: nothing read yet", w.args)
 	}
-	time.Sleep(time.Until(start.Add(3 * lockNote))) // the named ones had their chances too
+	// Past noAnswer (a working directory's run id was read within it, and
+	// failed behind the lock without a word), and the named ones had
+	// their chances to say something too.
+	time.Sleep(time.Until(start.Add(noAnswer + 2*time.Second)))
 	// Still waiting, not failed (a failure would be on standard error):
 	// the note alone, or nothing.
 	for _, w := range cmds {

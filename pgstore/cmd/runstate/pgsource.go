@@ -158,7 +158,7 @@ func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 				conn = nil
 				continue
 			}
-			if h.pid == 0 || !s.firstSaid(h.pid) || wctx.Err() != nil {
+			if h.pid == 0 || wctx.Err() != nil || !s.firstSaid(h.pid) { // the read ended: the next one may say it
 				continue
 			}
 			s.say(fmt.Sprintf("runstate: %s: this command waits for a lock that server process %d holds (%s): it goes on when that transaction ends; Ctrl-C stops this command", s.addr, h.pid, h.what))
