@@ -239,9 +239,9 @@ func conninfoError(addr string) error {
 	return errors.New("the DIR given is a key=value connection string (not shown: it may hold a password), which runstate does not take: give a run address, postgres://USER@HOST:PORT/DB?run=NAME (other settings as ?key=value parameters; the password in PGPASSWORD or ~/.pgpass); if it is a directory to make, create it first")
 }
 
-// aroundEquals is the white space libpq allows around a key=value's '='
-// (conninfoTokens has made every white space a space).
-var aroundEquals = regexp.MustCompile(` *= *`)
+// passwordSetting is a password (or sslpassword) setting anywhere in a
+// text, spelt in any case, with white space before its '=' or none.
+var passwordSetting = regexp.MustCompile(`(?i)password[ \t\n\v\f\r]*=`)
 
 // conninfoKeys are the libpq settings (and the command's run and schema)
 // that make a key=value connection string of a text.
@@ -253,54 +253,74 @@ var conninfoKeys = map[string]bool{
 }
 
 // looksLikeConninfo reports whether s reads as a libpq key=value
-// connection string ("host=db dbname=agents user=agent"): one that
-// names a password (password=, sslpassword=, or an '@' with a setting:
-// a URL as a value), which is never shown, or one made of settings
-// alone, at least two of them. A directory name with one '=' (host=a,
+// connection string ("host=db dbname=agents user=agent"): one with a
+// password setting anywhere, whatever the rest is (a password is never
+// shown), or, read as pgx reads one (conninfoSettings), one with a URL
+// that holds a user in a setting's value, or made of two settings or
+// more, all of them known. A directory name with one '=' (host=a,
 // runs/run=7) is not one.
 func looksLikeConninfo(s string) bool {
-	toks := conninfoTokens(s)
-	known := 0
-	for _, t := range toks {
-		k, _, ok := strings.Cut(t, "=")
-		k = strings.ToLower(k)
-		if !ok || !conninfoKeys[k] {
-			continue
-		}
-		if k == "password" || k == "sslpassword" || strings.Contains(s, "@") {
-			return true
-		}
-		known++
+	if passwordSetting.MatchString(s) {
+		return true
 	}
-	return known >= 2 && known == len(toks)
+	settings, ok := conninfoSettings(s)
+	if !ok {
+		return false
+	}
+	known := 0
+	for _, kv := range settings {
+		if conninfoKeys[strings.ToLower(kv[0])] {
+			known++
+			if strings.Contains(kv[1], "@") {
+				return true
+			}
+		}
+	}
+	return known >= 2 && known == len(settings)
 }
 
-// conninfoTokens splits s as libpq splits a key=value connection string:
-// at any white space, after a quoted value (its text is left out: it
-// may be a password), and not at a backslash-escaped character.
-func conninfoTokens(s string) []string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '\'':
-			j := i + 1
-			for ; j < len(s) && s[j] != '\''; j++ {
-				if s[j] == '\\' {
-					j++
-				}
-			}
-			b.WriteString("Q ")
-			i = j
-		case c == '\\' && i+1 < len(s):
-			b.WriteByte('E')
-			i++
-		case strings.IndexByte(" \t\n\v\f\r", c) >= 0:
-			b.WriteByte(' ')
-		default:
-			b.WriteByte(c)
+// conninfoSettings reads s as pgx reads a key=value connection string
+// (pgconn's parseKeywordValueSettings): a key up to an '=', white space
+// around it, then a value quoted ('...', with backslash escapes) or up to
+// the next white space (with backslash escapes). false when s is not one.
+func conninfoSettings(s string) (settings [][2]string, ok bool) {
+	const space = " \t\n\r\v\f"
+	for len(s) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return nil, false
 		}
+		key := strings.Trim(s[:eq], space)
+		s = strings.TrimLeft(s[eq+1:], space)
+		var val strings.Builder
+		quoted := len(s) > 0 && s[0] == '\''
+		if quoted {
+			s = s[1:]
+		}
+		end := 0
+		for ; end < len(s); end++ {
+			c := s[end]
+			if quoted && c == '\'' || !quoted && strings.IndexByte(space, c) >= 0 {
+				break
+			}
+			if c == '\\' {
+				if end++; end == len(s) {
+					return nil, false
+				}
+				c = s[end]
+			}
+			val.WriteByte(c)
+		}
+		if quoted && end == len(s) {
+			return nil, false // unterminated
+		}
+		if end < len(s) {
+			end++
+		}
+		s = s[end:]
+		settings = append(settings, [2]string{key, val.String()})
 	}
-	return strings.Fields(aroundEquals.ReplaceAllString(b.String(), "="))
+	return settings, len(settings) > 0
 }
 
 // RunIdentifier is a Source that can tell the id of the run it reads
