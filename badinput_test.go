@@ -456,3 +456,38 @@ func TestValueAfterPrefixRefused(t *testing.T) {
 	}
 	assert.Equal(t, before, readLedgerBytes(t, dir), "nothing recorded")
 }
+
+// Free text that is not valid UTF-8 (a Fail's error, a Skip's or an
+// Await's reason, an Approve's by and note) is recorded, held and shown
+// as a reader decodes it, each bad byte U+FFFD: the manifest a session
+// writes from memory then matches the ledger. It held the raw bytes, and
+// the manifest Close wrote failed its own checksum in Verify ("edited by
+// hand, or damaged?").
+func TestBadInputInvalidUTF8TextIsHeldAsRead(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	st, err := r.Begin(ctx, "f")
+	require.NoError(t, err)
+	require.NoError(t, st.Fail(errors.New("a\xffb\xfe\xfdc")))
+	require.NoError(t, r.Skip(ctx, "s", "skip \xff"))
+	st, err = r.Begin(ctx, "w")
+	require.NoError(t, err)
+	require.Error(t, st.Await("ask \xc3"), "Await returns the stage's need of a person")
+	require.NoError(t, r.Approve(ctx, "w", "al\xffice", "ok \xff"))
+	require.NoError(t, r.Close())
+
+	rep, err := runstate.Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep.Problems)
+	s, err := runstate.Inspect(dir)
+	require.NoError(t, err)
+	f, _ := s.Stage("f")
+	assert.Contains(t, f.Error, "a\uFFFDb\uFFFD\uFFFDc", "one U+FFFD a bad byte")
+	sk, _ := s.Stage("s")
+	assert.Equal(t, "skip \uFFFD", sk.Reason)
+	r = openRun(t, dir, testOptions())
+	require.NoError(t, r.Close())
+	rep, err = runstate.Verify(dir)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep.Problems)
+}

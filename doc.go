@@ -280,7 +280,8 @@
 // (the reader refuses a line longer than 16 MiB, its '\n' included, or
 // JSON nested deeper than 10,000 levels): free text (error, reason, note,
 // by) of at most 64 KiB, longer text being cut to its first bytes followed by
-// "… [cut: N bytes]"; JSON values (a receipt, an effect's request, the
+// "… [cut: N bytes]", and each byte of it that is not valid UTF-8
+// recorded (and shown) as U+FFFD; JSON values (a receipt, an effect's request, the
 // plan, a stage's input set, the run's request, revision and environment)
 // of at most 4 MiB, nested at most 200 levels (jq 1.6 stops at 256), with
 // no key twice in an object, and effect keys of at most 4 KiB: a larger

@@ -34,10 +34,11 @@ const (
 	jsonDepth = 10000
 )
 
-// cutText returns s if it fits maxText bytes, and otherwise its start, cut
-// at a character boundary, followed by "… [cut: N bytes]", maxText bytes
-// at most in all.
+// cutText returns s as the ledger's reader reads it back (validText) if
+// that fits maxText bytes, and otherwise its start, cut at a character
+// boundary, followed by "… [cut: N bytes]", maxText bytes at most in all.
 func cutText(s string) string {
+	s = validText(s)
 	if len(s) <= maxText {
 		return s
 	}
@@ -46,6 +47,30 @@ func cutText(s string) string {
 		keep--
 	}
 	return s[:keep] + cutMarker(len(s)-keep)
+}
+
+// validText returns s with each byte that is not part of valid UTF-8
+// replaced by U+FFFD, as the records' encoder writes it (encoding/json's
+// rule: one U+FFFD a byte, where strings.ToValidUTF8 would put one for a
+// run of them): the text a reader decodes. A record's free text (a Fail's
+// error, a Skip's reason) is held in memory so, or the manifest a session
+// writes from memory would not be the one a reader makes of the ledger
+// (its checksum refused by Verify).
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	b := make([]byte, 0, len(s)+8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b = utf8.AppendRune(b, utf8.RuneError)
+		} else {
+			b = append(b, s[i:i+n]...)
+		}
+		i += n
+	}
+	return string(b)
 }
 
 func cutMarker(n int) string { return fmt.Sprintf("… [cut: %d bytes]", n) }
