@@ -491,3 +491,53 @@ func TestBadInputInvalidUTF8TextIsHeldAsRead(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, rep.OK(), "%+v", rep.Problems)
 }
+
+// File("") and a directory with a NUL byte are refused with ErrInvalid,
+// saying so: the first was "input  is a directory, not a regular file"
+// (it named SourceDir), the second a bare "invalid argument".
+func TestBadInputEmptyFileAndNULDir(t *testing.T) {
+	ctx := context.Background()
+	r, _ := newTestRun(t)
+	_, err := r.Begin(ctx, "q", runstate.File(""))
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), `File(""): an empty path names no file`)
+
+	_, err = runstate.Open(filepath.Join(t.TempDir(), "a\x00b"), testOptions())
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "holds a NUL byte")
+}
+
+// WriteFile over a directory is refused with ErrInvalid, naming the
+// output as a directory: it was "renameat logs/tmp/… d: file exists".
+func TestBadInputWriteFileOverADirectory(t *testing.T) {
+	ctx := context.Background()
+	r, dir := newTestRun(t)
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "out", "d"), 0o755))
+	st, err := r.Begin(ctx, "w")
+	require.NoError(t, err)
+	err = st.WriteFile("out/d", []byte("x"))
+	require.ErrorIs(t, err, runstate.ErrInvalid)
+	assert.Contains(t, err.Error(), "output out/d is a directory: an output is a file")
+	assert.NotContains(t, err.Error(), "logs/tmp")
+	entries, err := os.ReadDir(filepath.Join(dir, "logs", "tmp"))
+	if err == nil {
+		assert.Empty(t, entries, "no temporary file left")
+	}
+	fi, err := os.Stat(filepath.Join(dir, "out", "d"))
+	require.NoError(t, err)
+	assert.True(t, fi.IsDir(), "the directory is left as it was")
+}
+
+// A Do whose fn closes the run and returns the error that gave it (a
+// WriteFile's ErrClosed) returns that error once: it was joined with the
+// same error from recording the failure, the text given twice.
+func TestBadInputDoClosedUnderItsFnSaysItOnce(t *testing.T) {
+	ctx := context.Background()
+	r, _ := newTestRun(t)
+	err := r.Do(ctx, "c", func(ctx context.Context, st *runstate.Stage) error {
+		require.NoError(t, r.Close())
+		return st.WriteFile("out/x", []byte("x"))
+	})
+	require.ErrorIs(t, err, runstate.ErrClosed)
+	assert.Equal(t, 1, strings.Count(err.Error(), "run is closed"), err.Error())
+}

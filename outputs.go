@@ -185,6 +185,9 @@ func (o *outputs) writeTemp(rel, name string, fill func(io.Writer) error) (err e
 		}
 	}
 	if err != nil {
+		if fi, serr := o.root.Lstat(native); serr == nil && fi.IsDir() {
+			return fmt.Errorf("%w: output %s is a directory: an output is a file: give a file's path (%s/NAME)", ErrInvalid, rel, rel)
+		}
 		return fmt.Errorf("runstate: output %s: %w", rel, err)
 	}
 	return nil

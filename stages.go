@@ -47,8 +47,14 @@ const (
 // given again, so they keep their evidence. A file that is not a regular
 // file (a FIFO, a device such as /dev/zero, a directory) is refused at
 // Begin (ErrInvalid): it could block or never end. File only builds the
-// Input (nothing is read until Begin): safe for concurrent use.
-func File(path string) Input { return Input{kind: inputFile, name: path} }
+// Input (nothing is read until Begin): safe for concurrent use. An empty
+// path is refused at Begin (ErrInvalid): it would name SourceDir itself.
+func File(path string) Input {
+	if path == "" {
+		return Input{kind: inputFile, err: fmt.Errorf("%w: File(\"\"): an empty path names no file (it would be SourceDir itself): give the file's path", ErrInvalid)}
+	}
+	return Input{kind: inputFile, name: path}
+}
 
 // Value is the JSON encoding of v, named name: a parameter, a prompt, a
 // model name. v must marshal with encoding/json (an error shows at
@@ -625,6 +631,9 @@ func (r *Run) Do(ctx context.Context, name string, fn func(ctx context.Context, 
 	}
 	if ferr != nil {
 		if err := st.Fail(ferr); err != nil { // not counted when ctx ended (canceledBy)
+			if errors.Is(ferr, err) {
+				return ferr // the same error twice (the run closed under fn: ErrClosed), said once
+			}
 			return errors.Join(ferr, err)
 		}
 		return ferr

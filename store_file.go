@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -215,6 +216,9 @@ func (s *dirStore) Open(ctx context.Context, session string) ([]byte, Position, 
 	s.host, _ = os.Hostname()
 	if s.dir == "" {
 		return nil, Position{}, fmt.Errorf("%w: Open needs a directory", ErrInvalid)
+	}
+	if strings.IndexByte(s.dir, 0) >= 0 {
+		return nil, Position{}, fmt.Errorf("%w: the directory %q holds a NUL byte, which no file system path may", ErrInvalid, s.dir)
 	}
 	abs, err := filepath.Abs(s.dir)
 	if err != nil {
