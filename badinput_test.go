@@ -541,3 +541,25 @@ func TestBadInputDoClosedUnderItsFnSaysItOnce(t *testing.T) {
 	require.ErrorIs(t, err, runstate.ErrClosed)
 	assert.Equal(t, 1, strings.Count(err.Error(), "run is closed"), err.Error())
 }
+
+// A Flow that names a stage no Begin could be given (an empty name, a
+// control character) is refused at Open with ErrInvalid: it let no stage
+// begin, each Begin saying the run "starts with " and nothing.
+func TestBadInputFlowWithABadNameIsRefusedAtOpen(t *testing.T) {
+	for _, f := range []*runstate.Flow{
+		{Start: []string{""}},
+		{Next: map[string][]string{"a": {"b\nc"}}},
+		{Next: map[string][]string{"": {"b"}}},
+	} {
+		o := testOptions()
+		o.Flow = f
+		_, err := runstate.Open(t.TempDir(), o)
+		require.ErrorIs(t, err, runstate.ErrInvalid, "%+v", f)
+		assert.Contains(t, err.Error(), "in Options.Flow.", "%+v", f)
+	}
+	o := testOptions()
+	o.Flow = runstate.AgentFlow()
+	r, err := runstate.Open(t.TempDir(), o)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+}

@@ -19,6 +19,32 @@ type Flow struct {
 	Next map[string][]string
 }
 
+// check refuses a Flow that names a stage no Begin could be given (an
+// empty name, a control character: CheckName), before the run opens:
+// such a Flow let no stage begin, each Begin saying the run "starts
+// with" a name that could not be read. A nil Flow is no Flow.
+func (f *Flow) check() error {
+	if f == nil {
+		return nil
+	}
+	for _, s := range f.Start {
+		if err := CheckName("stage name in Options.Flow.Start", s); err != nil {
+			return err
+		}
+	}
+	for from, next := range f.Next {
+		if err := CheckName("stage name in Options.Flow.Next", from); err != nil {
+			return err
+		}
+		for _, s := range next {
+			if err := CheckName(fmt.Sprintf("stage name in Options.Flow.Next[%q]", from), s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // AgentFlow returns the flow of a coding agent: inspect → plan → execute →
 // verify → await-review → complete, where verify may send the run back to
 // execute or plan. It returns a new Flow each call, so it is safe for

@@ -31,11 +31,12 @@ type Options struct {
 	Environment map[string]string
 
 	// MaxAttempts bounds retryable failures of one stage: after that many,
-	// the stage awaits a person. Zero means 3.
+	// the stage awaits a person. Zero (or less) means 3.
 	MaxAttempts int
 
 	// Flow names the allowed transitions between stages (see AgentFlow).
-	// Nil allows any order.
+	// Nil allows any order. A name in it that breaks the rule of stage
+	// names (CheckName) is refused at Open (ErrInvalid).
 	Flow *Flow
 
 	// ManifestInterval is how often, at most, a running session rewrites
@@ -205,6 +206,9 @@ func OpenStoreContext(ctx context.Context, s Store, dir string, opts *Options) (
 		o.ManifestInterval = time.Second
 	}
 	if err := checkIdentity(&o); err != nil {
+		return nil, err
+	}
+	if err := o.Flow.check(); err != nil {
 		return nil, err
 	}
 	r := &Run{dir: dir, opts: o, log: o.Logger, store: s, notes: notifier{fn: o.OnRecord}, src: sourceDir(o.SourceDir), where: placeOf(s, dir)}
