@@ -252,6 +252,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if passwordSetting.MatchString(err.Error()) {
+				// The flag package quotes the bad argument: a
+				// connection string given where a flag goes.
+				return nil, errors.New("a flag is malformed (not shown: it holds a password setting)")
+			}
 			return nil, err
 		}
 		rest := fs.Args()
