@@ -526,6 +526,13 @@ func TestBadInputWriteFileOverADirectory(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(dir, "out", "d"))
 	require.NoError(t, err)
 	assert.True(t, fi.IsDir(), "the directory is left as it was")
+
+	// CheckOutput (before Begin) and Output say so too: CheckOutput
+	// passed a directory.
+	for _, err := range []error{r.CheckOutput("out/d"), st.Output("out/d")} {
+		require.ErrorIs(t, err, runstate.ErrInvalid)
+		assert.Contains(t, err.Error(), "output out/d is a directory: an output is a file")
+	}
 }
 
 // A Do whose fn closes the run and returns the error that gave it (a

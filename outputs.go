@@ -64,12 +64,13 @@ func (o *outputs) close() {
 func (o *outputs) path(rel string) string { return filepath.Join(o.abs, filepath.FromSlash(rel)) }
 
 // stat refuses, with the os.Root's error, a path that leads out of the
-// directory; a missing file is nil.
-func (o *outputs) stat(rel string) error {
-	if _, err := o.root.Stat(filepath.FromSlash(rel)); err != nil && !isNotExist(err) {
-		return err
+// directory; a missing file is nil. dir reports a directory there.
+func (o *outputs) stat(rel string) (dir bool, err error) {
+	fi, err := o.root.Stat(filepath.FromSlash(rel))
+	if err != nil && !isNotExist(err) {
+		return false, err
 	}
-	return nil
+	return err == nil && fi.IsDir(), nil
 }
 
 // rel checks that p names a file inside the run directory and returns it

@@ -218,8 +218,8 @@ func (st *Stage) Output(path string) error {
 // CheckOutput checks path as Stage.Output checks an output's path, with
 // no stage begun: it returns ErrInvalid for a path outside the run
 // directory, or one that leads out of it through a symbolic link (the
-// file itself, or a directory on the way). A program checks its outputs'
-// paths with it before Begin, so that a path it cannot use is an error
+// file itself, or a directory on the way), or that is a directory. A
+// program checks its outputs' paths with it before Begin, so that a path it cannot use is an error
 // with nothing recorded rather than a failed attempt. A file that does
 // not exist yet is checked again when the stage completes. CheckOutput
 // writes nothing. Safe for concurrent use; after Close it returns
@@ -242,11 +242,15 @@ func (r *Run) checkOutput(path string) (string, error) {
 	// Refuse now, not only at Complete, a path that leads out of the run
 	// directory through a symbolic link (the file itself, or a directory
 	// on the way). A file that does not exist yet is checked at Complete.
-	if err := r.out.stat(rel); err != nil {
+	dir, err := r.out.stat(rel)
+	if err != nil {
 		if cerr := r.checkOpen(); cerr != nil {
 			return "", cerr
 		}
 		return "", fmt.Errorf("%w: output %s: %v (outputs must stay inside the run directory %s)", ErrInvalid, rel, err, r.dir)
+	}
+	if dir {
+		return "", fmt.Errorf("%w: output %s is a directory: an output is a file: give a file's path (%s/NAME)", ErrInvalid, rel, rel)
 	}
 	if err := r.out.checkLanding(rel, true); err != nil {
 		return "", err
