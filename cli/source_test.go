@@ -151,10 +151,7 @@ func TestARegisteredSourceServesTheReadAndOperatorCommands(t *testing.T) {
 // what to do by one that has not; a run directory stays a run directory.
 func TestAWorkingDirectoryLeadsToItsRun(t *testing.T) {
 	run := awaitingRun(t)
-	work := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"),
-		[]byte(`{"store": "postgres", "address": "postgres://agent@db:5432/agents?run=billing", "schema": "runstate", "run": "billing", "id": "x"}`+"\n"), 0o644))
+	work := workDirOfBilling(t, "x")
 
 	var out, errb bytes.Buffer
 	code := Run([]string{"status", work}, &out, &errb, nil)
@@ -264,10 +261,7 @@ func (s *identified) Close() error {
 // the address came from.
 func TestAWorkingDirectoryReadsOnlyItsOwnRun(t *testing.T) {
 	run := awaitingRun(t)
-	work := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"),
-		[]byte(`{"store": "postgres", "address": "postgres://agent@db:5432/agents?run=billing", "schema": "runstate", "run": "billing", "id": "01a2534f-0000-7000-8000-000000009c86"}`+"\n"), 0o644))
+	work := workDirOfBilling(t, "01a2534f-0000-7000-8000-000000009c86")
 	closed := 0
 	id := "01a2534b-0000-7000-8000-00000000eeea"
 	o := &Options{Sources: map[string]Opener{"postgres": func(_ context.Context, addr string) (Source, error) {
@@ -383,4 +377,15 @@ func TestExecOnANewDirectoryOffersNoAtWithoutAStore(t *testing.T) {
 	assert.Equal(t, exitUsage, res.code, res.err)
 	assert.Contains(t, res.err, "give -request TEXT to create one\n")
 	assert.NotContains(t, res.err, "give -at")
+}
+
+// workDirOfBilling is a working directory whose logs/run.json names the
+// run billing at postgres://agent@db:5432/agents, with id.
+func workDirOfBilling(t *testing.T, id string) string {
+	t.Helper()
+	work := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(work, "logs"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(work, "logs", "run.json"),
+		[]byte(`{"store": "postgres", "address": "postgres://agent@db:5432/agents?run=billing", "schema": "runstate", "run": "billing", "id": "`+id+`"}`+"\n"), 0o644))
+	return work
 }

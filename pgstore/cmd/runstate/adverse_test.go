@@ -25,34 +25,31 @@ import (
 // schema of db, and fails the test unless there was one.
 func terminateLockBackend(t *testing.T, db *pgstore.DB, pid int) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	var n int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid))`+sessionLocksOf(db), pid).Scan(&n))
+	n := overSessionLocks(t, db, pid, "count(pg_terminate_backend(l.pid))")
 	require.Equal(t, 1, n, "the lock connection of process %d", pid)
-}
-
-// sessionLocksOf is the FROM clause of the granted advisory locks of the
-// sessions that process $1 opened, in the schema of db: l for the lock.
-func sessionLocksOf(db *pgstore.DB) string {
-	return ` FROM pg_locks l
-		JOIN ` + pgx.Identifier{db.Schema()}.Sanitize() + `.sessions s ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-		AND l.classid = ((s.lock_key >> 32) & 4294967295)::oid AND l.objid = (s.lock_key & 4294967295)::oid
-		WHERE s.pid = $1`
 }
 
 // sessionLocks counts the advisory locks held of the sessions that
 // process pid opened, in the schema of db.
 func sessionLocks(t *testing.T, db *pgstore.DB, pid int) int {
 	t.Helper()
+	return overSessionLocks(t, db, pid, "count(*)")
+}
+
+// overSessionLocks evaluates the aggregate count over the granted
+// advisory locks (l) of the sessions that process pid opened, in the
+// schema of db, on a connection of its own.
+func overSessionLocks(t *testing.T, db *pgstore.DB, pid int, count string) int {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, os.Getenv("RUNSTATE_PG_DSN"))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var n int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*)`+sessionLocksOf(db), pid).Scan(&n))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT `+count+` FROM pg_locks l
+		JOIN `+pgx.Identifier{db.Schema()}.Sanitize()+`.sessions s ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		AND l.classid = ((s.lock_key >> 32) & 4294967295)::oid AND l.objid = (s.lock_key & 4294967295)::oid
+		WHERE s.pid = $1`, pid).Scan(&n))
 	return n
 }
 

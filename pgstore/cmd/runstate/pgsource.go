@@ -114,9 +114,10 @@ const lockNote = 3 * time.Second
 // lockWatch runs read; while it has not returned, it asks the server
 // every lockNote, on a connection of its own, whether one of this
 // command's connections (s.app) waits for a lock, and says which server
-// process holds it, once a holder in a command (firstSaid): a read behind a schema upgrade, a
-// VACUUM FULL or a LOCK TABLE waited without a word. A read that is
-// slow for any other reason (a long verify) says nothing.
+// process holds it, once a holder in a command (firstSaid): a read
+// behind a schema upgrade, a VACUUM FULL or a LOCK TABLE waited without
+// a word. A read that is slow for any other reason (a long verify) says
+// nothing.
 func (s *pgSource) lockWatch(ctx context.Context, read func() error) error {
 	if s.note == nil || s.app == "" {
 		return read()
@@ -219,13 +220,8 @@ func (s *pgSource) lockHolder(ctx context.Context, conn *pgx.Conn) (holder, erro
 // own (schemaAt) with queries any version of the schema answers; a wait
 // for a lock is said, as the reads' (lockWatch).
 func (s *pgSource) RunID(ctx context.Context) (string, error) {
-	_, query, _ := strings.Cut(s.dsn, "?")
-	_, schema, _, err := dsnparam.Cut(query, "schema")
-	if err != nil || schema == "" {
-		schema = pgstore.DefaultSchema
-	}
 	var id string
-	err = s.lockWatch(ctx, func() (err error) { _, id, err = schemaAt(ctx, s.dsn, schema, s.run); return err })
+	err := s.lockWatch(ctx, func() (err error) { _, id, err = schemaAt(ctx, s.dsn, s.db.Schema(), s.run); return err })
 	if err != nil {
 		return "", fmt.Errorf("runstate: %s: reading the run's id: %w%s", s.addr, err, timeoutAdvice(err))
 	}
